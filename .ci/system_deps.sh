@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages the tests use: bubblewrap (local sandbox), docker.io + debootstrap
+# (docker sandbox and its base image), chromium (the eval report check).
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v chromium >/dev/null || need+=(chromium)
+command -v tmux >/dev/null || need+=(tmux)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${need[@]}"
+fi

