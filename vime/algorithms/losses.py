@@ -1,0 +1,211 @@
+"""Per-token policy and value losses on padded ``[B, T]`` tensors, and their aggregation.
+
+Loss functions return per-token losses (to be minimised) plus boolean clip masks;
+:func:`aggregate_loss` reduces them with global normalisers so that gradient accumulation
+over micro-batches equals one large batch exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+# exp() of a log-ratio above this overflows float32 gradients; such tokens are clipped anyway.
+MAX_LOG_RATIO = 20.0
+
+
+@dataclass
+class PolicyLossOutput:
+    """Per-token loss ``[B, T]`` (0 outside the mask), the ratios used and where clipping acted.
+
+    ``clipped_low``: A < 0 and ratio < 1 - eps_low; ``clipped_high``: A > 0 and
+    ratio > 1 + eps_high; ``clipped_dual``: A < 0 and ratio > c. Clipped tokens get no gradient.
+    """
+
+    loss: Tensor
+    ratio: Tensor
+    clipped_low: Tensor
+    clipped_high: Tensor
+    clipped_dual: Tensor
+
+
+def _check_eps(eps_low: float, eps_high: float, dual_clip: float | None) -> None:
+    if not 0.0 <= eps_low < 1.0:
+        raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
+    if eps_high < 0.0:
+        raise ValueError(f"eps_high must be >= 0, got {eps_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual clip constant c must be > 1 (Ye et al. use 3), got {dual_clip}")
+
+
+def _clipped_surrogate(
+    ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None,
+) -> PolicyLossOutput:
+    """``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)``, with dual clip for A < 0.
+
+    Written with explicit conditions rather than ``max``/``clamp`` so that a clipped token's
+    loss is a constant (gradient exactly zero) and the thresholds themselves are unclipped.
+    """
+    active = mask.bool()
+    pos = (advantages > 0) & active
+    neg = (advantages < 0) & active
+    clipped_high = pos & (ratio > 1.0 + eps_high)
+    clipped_low = neg & (ratio < 1.0 - eps_low)
+    loss = -advantages * ratio
+    loss = torch.where(clipped_high, -advantages * (1.0 + eps_high), loss)
+    loss = torch.where(clipped_low, -advantages * (1.0 - eps_low), loss)
+    if dual_clip is not None:
+        clipped_dual = neg & (ratio > dual_clip)
+        loss = torch.where(clipped_dual, -advantages * dual_clip, loss)
+    else:
+        clipped_dual = torch.zeros_like(active)
+    loss = torch.where(active, loss, torch.zeros_like(loss))
+    return PolicyLossOutput(loss, ratio, clipped_low, clipped_high, clipped_dual)
+
+
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    dual_clip: float | None = None,
+) -> PolicyLossOutput:
+    """PPO clipped surrogate per token (Schulman et al. 2017, arXiv:1707.06347).
+
+    ``r_t = exp(logp_t - old_logp_t)``;
+    ``loss_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)``.
+    ``eps_high > eps_low`` is DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476; they use
+    0.2 / 0.28); ``eps_high=None`` means symmetric. Dual clip (Ye et al. 2020, "Mastering
+    Complex Control in MOBA Games", arXiv:1912.09729) bounds the loss for negative
+    advantages: ``loss_t = min(loss_t, -c A_t)`` when ``A_t < 0``, i.e. a constant once
+    ``r_t > c``. The log-ratio is clamped to +-20 before ``exp`` to keep float32 finite.
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    _check_eps(eps_low, eps_high, dual_clip)
+    log_ratio = ((logprobs - old_logprobs) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float | None = 4e-4,
+    dual_clip: float | None = None,
+) -> PolicyLossOutput:
+    """GSPO: sequence-level clipped importance ratio (Zheng et al. 2025, arXiv:2507.18071).
+
+    ``s_i = exp(mean_t (logp_{i,t} - old_logp_{i,t}))`` over the masked tokens of sequence i
+    (the length-normalised ratio), and the clipped surrogate of :func:`ppo_clip_loss` is
+    applied with ``s_i`` in place of the token ratio. Implemented as the paper's GSPO-token
+    form, ``s_{i,t} = sg[s_i] * exp(logp_{i,t} - sg[logp_{i,t}])``, whose value is ``s_i`` on
+    every token: with ``seq-mean-token-mean`` aggregation and one advantage per sequence the
+    gradient equals GSPO's exactly, and per-token advantages are allowed. Defaults are the
+    paper's clip ranges (3e-4, 4e-4).
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    _check_eps(eps_low, eps_high, dual_clip)
+    m = mask.to(logprobs.dtype)
+    lengths = m.sum(dim=1).clamp(min=1.0)
+    seq_log_ratio = ((logprobs - old_logprobs) * m).sum(dim=1) / lengths
+    seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    token_log_ratio = seq_log_ratio.detach()[:, None] + (logprobs - logprobs.detach())
+    ratio = torch.exp(token_log_ratio * m)
+    return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+) -> tuple[Tensor, Tensor]:
+    """Per-token PPO critic loss; returns ``(loss [B, T], clipped [B, T] bool)``.
+
+    ``0.5 * max((V - R)^2, (old_V + clip(V - old_V, -c, c) - R)^2)`` (the clipped value
+    objective of PPO2 / OpenAI baselines); with ``clip=None`` plain ``0.5 * (V - R)^2``.
+    ``clipped`` marks tokens where the clipped term is the larger one (no gradient flows).
+    """
+    active = mask.bool()
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        loss, clipped = 0.5 * unclipped, torch.zeros_like(active)
+    else:
+        if clip <= 0:
+            raise ValueError(f"value clip must be > 0 or None, got {clip}")
+        v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+        clipped_sq = (v_clipped - returns) ** 2
+        clipped = (clipped_sq > unclipped) & active
+        loss = 0.5 * torch.maximum(unclipped, clipped_sq)
+    return torch.where(active, loss, torch.zeros_like(loss)), clipped
+
+
+def count_loss_units(mask: Tensor) -> tuple[int, int]:
+    """``(num_tokens, num_seqs)`` of a mask: masked tokens, and rows with at least one.
+
+    Sum these over every micro-batch (and data-parallel rank) of a step to get the global
+    normalisers for :func:`aggregate_loss`.
+    """
+    lengths = mask.sum(dim=-1)
+    return int(lengths.sum()), int((lengths > 0).sum())
+
+
+def aggregate_loss(
+    per_token: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> Tensor:
+    """Reduce a per-token loss ``[B, T]`` to a scalar.
+
+    - ``token-mean``: ``sum_{i,t} m l / N_tok`` (DAPO's token-level loss).
+    - ``seq-mean-token-sum``: ``sum_i (sum_t m l) / N_seq`` (Dr.GRPO: no length normalisation).
+    - ``seq-mean-token-mean``: ``sum_i (sum_t m l / |y_i|) / N_seq`` (original GRPO).
+
+    ``N_tok``/``N_seq`` default to this batch's counts (:func:`count_loss_units`: rows with
+    no masked token do not count). Pass the totals over all micro-batches of an optimiser
+    step and sum the micro-batch losses (no division by the number of micro-batches): the
+    gradient is then exactly that of one big batch. Under data parallelism with gradient
+    averaging over ``W`` ranks, pass the global totals divided by ``W``.
+    """
+    if per_token.shape != mask.shape or per_token.dim() != 2:
+        raise ValueError(
+            f"aggregate_loss: per_token {tuple(per_token.shape)} and mask "
+            f"{tuple(mask.shape)} must both be [B, T]"
+        )
+    m = mask.to(per_token.dtype)
+    masked = per_token * m
+    local_tokens, local_seqs = count_loss_units(mask)
+    if mode == "token-mean":
+        denom = local_tokens if num_tokens is None else num_tokens
+        return masked.sum() / max(denom, 1)
+    if mode == "seq-mean-token-sum":
+        seq = masked.sum(dim=1)
+    elif mode == "seq-mean-token-mean":
+        seq = masked.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+    else:
+        raise ValueError(f"aggregate_loss: unknown mode {mode!r}; choose one of {AGG_MODES}")
+    denom = local_seqs if num_seqs is None else num_seqs
+    return seq.sum() / max(denom, 1)
