@@ -1,0 +1,1 @@
+"""Models that exist offline: the SmolLM2-135M-Instruct conversion and tiny random models."""
