@@ -1,0 +1,1 @@
+"""Orchestration: where trainers, engines and the router run (Ray), and the RL loop itself."""
