@@ -3,12 +3,13 @@
 ``vime.sandboxes.create(backend, **options)`` returns a :class:`Sandbox`.
 """
 
-from vime.sandboxes.base import ExecResult, Sandbox, SandboxLimits
+from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
 from vime.sandboxes.registry import available_backends, create, register_backend
 
 __all__ = [
     "ExecResult",
     "Sandbox",
+    "SandboxError",
     "SandboxLimits",
     "available_backends",
     "create",

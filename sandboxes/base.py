@@ -5,8 +5,14 @@ from __future__ import annotations
 import abc
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+from vime.errors import VimeError
+
+
+class SandboxError(VimeError):
+    """A sandbox could not be created or used (missing tool, closed sandbox, bad path)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,15 @@ class ExecResult:
         """True when the command exited 0 within its limits."""
         return self.exit_code == 0 and not self.timed_out
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExecResult:
+        """The inverse of :meth:`to_dict`; unknown keys are ignored."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
 
 @dataclass(frozen=True)
 class SandboxLimits:
@@ -43,6 +58,24 @@ class SandboxLimits:
     max_open_files: int = 256
     max_output_bytes: int = 1 << 20  # per stream; the rest is dropped and flagged
     network: bool = False  # no network unless asked for
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError(f"sandbox limit {f.name} must be a bool, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"sandbox limit {f.name} must be a positive number, got {value!r}")
+
+    @classmethod
+    def resolve(cls, limits: SandboxLimits | None = None, **overrides: Any) -> SandboxLimits:
+        """``limits`` (or the defaults) with keyword overrides applied, e.g. ``timeout=5``."""
+        return (limits or cls()).with_overrides(**overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every limit."""
+        return asdict(self)
 
     def with_overrides(self, **options: Any) -> SandboxLimits:
         """A copy with some limits changed; unknown names are an error."""
@@ -85,6 +118,14 @@ class Sandbox(abc.ABC):
         self.limits = limits or SandboxLimits()
         self.closed = False
 
+    async def start(self) -> None:
+        """Prepare the sandbox before its first call (a container, a work dir); idempotent.
+
+        ``async with`` and :class:`~vime.sandboxes.pool.SandboxPool` call it, so warm pools
+        pay the setup cost ahead of time. Backends with nothing to prepare keep this no-op.
+        """
+        return None
+
     @abc.abstractmethod
     async def run(
         self,
@@ -125,6 +166,7 @@ class Sandbox(abc.ABC):
         return await self.run(argv, timeout=timeout, stdin=stdin, files=all_files)
 
     async def __aenter__(self) -> Sandbox:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -1,0 +1,141 @@
+"""The bubblewrap command line of the ``local`` backend: which host paths a sandbox sees, which
+namespaces it gets, and the rlimits (through ``prlimit``) its command runs under."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+
+from vime.sandboxes.base import SandboxError, SandboxLimits
+
+WORKDIR = "/work"  # where the sandbox's private work dir appears inside
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Host files under /etc that programs need (dynamic linker cache, user names, time zone,
+# Debian's alternatives symlinks, Python's site config); everything else in /etc stays hidden.
+_ETC = [
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+]
+_ROOT_DIRS = ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap; Fedora: dnf install "
+    "bubblewrap), or pass allow_unisolated=True to run without isolation (not safe for "
+    "untrusted code)"
+)
+
+
+def find_tool(name: str) -> str:
+    """Absolute path of the host program ``name``, or a SandboxError saying how to get it."""
+    path = shutil.which(name, path=PATH)
+    if path is None:
+        hint = INSTALL_HINT if name == "bwrap" else "install util-linux (it provides prlimit)"
+        raise SandboxError(f"{name!r} was not found on {PATH}: {hint}")
+    return path
+
+
+@functools.cache
+def _root_layout() -> tuple[str, ...]:
+    """Read-only binds of /usr and the top-level program dirs, mirroring the host's layout."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for path in _ROOT_DIRS:
+        if os.path.islink(path):  # merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in _ETC + sorted(glob.glob("/etc/python3*")):
+        args += ["--ro-bind-try", path, path]
+    return tuple(args)
+
+
+def base_env(home: str) -> dict[str, str]:
+    """The environment a sandboxed command starts with (nothing of the host's leaks in)."""
+    return {"PATH": PATH, "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+
+
+def rlimit_argv(prlimit: str, limits: SandboxLimits) -> list[str]:
+    """``prlimit`` flags that apply ``limits`` to the command it execs (soft = hard).
+
+    RLIMIT_CPU gets a hard limit one second above the soft one so the command first sees
+    SIGXCPU; RLIMIT_CORE is 0 so crashes leave no core files in the work dir.
+    """
+    cpu = int(limits.cpu_seconds)
+    return [
+        prlimit,
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--as={int(limits.memory_bytes)}",
+        f"--nproc={int(limits.max_processes)}",
+        f"--fsize={int(limits.max_file_bytes)}",
+        f"--nofile={int(limits.max_open_files)}",
+        "--core=0",
+        "--",
+    ]
+
+
+def bwrap_prefix(
+    bwrap: str,
+    *,
+    workdir: str,
+    limits: SandboxLimits,
+    uid: int,
+    ro_binds: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The bwrap arguments of one sandbox, up to (not including) its per-call environment.
+
+    New user, PID, IPC, UTS, cgroup and (unless ``limits.network``) network namespaces; a
+    read-only root holding /usr and a few /etc files; ``workdir`` bound read-write at /work;
+    fresh /tmp, /proc and /dev; every process runs as ``uid`` in its own session and dies with
+    bwrap's parent.
+    """
+    args = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(uid),
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        *_root_layout(),
+    ]
+    for path in ro_binds:
+        args += ["--ro-bind", path, path]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(int(limits.max_file_bytes)),
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        workdir,
+        WORKDIR,
+        "--chdir",
+        WORKDIR,
+        "--remount-ro",
+        "/",
+        "--clearenv",
+    ]
+    if limits.network:
+        args.append("--share-net")
+    for key, value in {**base_env(WORKDIR), **(env or {})}.items():
+        args += ["--setenv", key, value]
+    return args

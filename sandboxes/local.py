@@ -1,0 +1,243 @@
+"""The ``local`` backend: each call runs under bubblewrap in fresh namespaces, as an unprivileged
+user, with rlimits, over a private work dir that lives as long as the sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from vime.sandboxes import bwrap
+from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits, shell_argv
+from vime.sandboxes.process import MARKER_VAR, kill_marked, run_process
+
+logger = logging.getLogger(__name__)
+
+NOBODY = 65534
+UNISOLATED_WARNING = (
+    "vime.sandboxes local backend is running WITHOUT ISOLATION (allow_unisolated=True, no "
+    "bubblewrap): model-written code can read and write your files, use the network and, as "
+    "root, fork without limit. Only rlimits apply. Install bubblewrap for real isolation."
+)
+_probed: dict[tuple[str, str], str | None] = {}  # bwrap prefix -> error text, or None if it works
+
+
+def _workdir_root(parent: str | None) -> Path:
+    """A directory for sandbox work dirs that the sandbox user can traverse but not list."""
+    root = Path(parent or tempfile.gettempdir()) / f"vime-sandboxes-{os.geteuid()}"
+    root.mkdir(mode=0o711, exist_ok=True)
+    return root
+
+
+class LocalSandbox(Sandbox):
+    """Runs commands on this machine under bubblewrap, one fresh set of namespaces per call.
+
+    Isolation: no network, a read-only view of /usr and a few /etc files, a private writable
+    work dir at ``/work`` (kept between calls of this sandbox, deleted by :meth:`close`), a
+    private /tmp, a new PID namespace (so no process outlives its call), and the limits in
+    :class:`SandboxLimits` applied with rlimits. When the caller is root the commands run as
+    ``uid`` (default 65534, "nobody") so that the process limit holds.
+
+    Options: ``limits`` or keyword overrides of them (``timeout=5``, ``memory_bytes=...``);
+    ``ro_binds`` (host paths to show read-only, e.g. a virtualenv); ``env`` (extra variables);
+    ``workdir_parent`` (where work dirs are made); ``allow_unisolated`` (run with rlimits only
+    when bubblewrap is missing, with a loud warning).
+    """
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        allow_unisolated: bool = False,
+        ro_binds: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        workdir_parent: str | None = None,
+        uid: int = NOBODY,
+        **limit_overrides: Any,
+    ) -> None:
+        super().__init__(SandboxLimits.resolve(limits, **limit_overrides))
+        self.id = uuid.uuid4().hex[:16]
+        self.isolated = shutil.which("bwrap", path=bwrap.PATH) is not None
+        if not self.isolated and not allow_unisolated:
+            raise SandboxError(
+                f"the local sandbox needs bubblewrap ('bwrap'): {bwrap.INSTALL_HINT}"
+            )
+        for path in ro_binds:
+            if not os.path.isabs(path) or not os.path.exists(path):
+                raise SandboxError(f"ro_binds entry {path!r} must be an existing absolute path")
+        self._prlimit = bwrap.find_tool("prlimit")
+        self._switch_user = os.geteuid() == 0
+        self._uid = uid if self._switch_user else os.geteuid()
+        self._env = dict(env or {})
+        self._ro_binds = list(ro_binds)
+        self._workdir_parent = workdir_parent
+        self.workdir: Path | None = None
+        self._prefix: list[str] = []
+        self._calls = itertools.count(1)
+        self._running: set[asyncio.subprocess.Process] = set()
+        if not self.isolated:
+            logger.warning(UNISOLATED_WARNING)
+            warnings.warn(UNISOLATED_WARNING, RuntimeWarning, stacklevel=2)
+
+    async def start(self) -> None:
+        """Create the work dir and, once per process, check that bubblewrap works here."""
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} is closed; create a new one")
+        if self.workdir is not None:
+            return
+        workdir = Path(
+            tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=_workdir_root(self._workdir_parent))
+        )
+        self.workdir = workdir
+        if self._switch_user:
+            os.chown(workdir, self._uid, self._uid)
+        if self.isolated:
+            self._prefix = bwrap.bwrap_prefix(
+                bwrap.find_tool("bwrap"),
+                workdir=str(workdir),
+                limits=self.limits,
+                uid=self._uid,
+                ro_binds=self._ro_binds,
+                env=self._env,
+            )
+            await self._probe()
+
+    async def _probe(self) -> None:
+        """Fail early, with bwrap's own words, where namespaces are not allowed."""
+        key = (self._prefix[0], str(self.limits.network))
+        if key not in _probed:
+            result = await self._exec(["true"], timeout=30.0, stdin=None)
+            _probed[key] = (
+                None if result.ok else (result.stderr.strip() or f"exit {result.exit_code}")
+            )
+        if _probed[key] is not None:
+            raise SandboxError(
+                f"bubblewrap cannot create a sandbox here: {_probed[key]}. It needs user "
+                "namespaces: check `sysctl kernel.unprivileged_userns_clone` (must be 1) and, on "
+                "Ubuntu 24.04+, `kernel.apparmor_restrict_unprivileged_userns` (must be 0); in a "
+                "container, run it with --privileged or a seccomp profile allowing unshare."
+            )
+
+    def _argv(self, argv: list[str], marker: str) -> list[str]:
+        limited = [*bwrap.rlimit_argv(self._prlimit, self.limits), *argv]
+        if self.isolated:
+            return [*self._prefix, "--setenv", MARKER_VAR, marker, *limited]
+        return limited
+
+    async def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None) -> ExecResult:
+        assert self.workdir is not None
+        marker = f"{self.id}/{next(self._calls)}"
+        popen: dict[str, Any] = {}
+        if self.isolated:
+            if self._switch_user:
+                popen.update(user=self._uid, group=self._uid, extra_groups=[])
+        else:
+            env = {**bwrap.base_env(str(self.workdir)), **self._env, MARKER_VAR: marker}
+            popen.update(cwd=self.workdir, env=env)
+        return await run_process(
+            self._argv(argv, marker),
+            timeout=timeout,
+            stdin=stdin,
+            max_output_bytes=self.limits.max_output_bytes,
+            cleanup=lambda: kill_marked(marker),
+            track=self._running,
+            **popen,
+        )
+
+    async def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+    ) -> ExecResult:
+        """Run a shell command line (str) or an argv list in ``/work``.
+
+        A command killed by signal N exits 128+N, as in a shell; a timeout gives
+        ``timed_out=True`` and exit code -9 after the whole process tree is gone.
+        """
+        await self.start()
+        limit = self.limits.timeout if timeout is None else timeout
+        if limit <= 0:
+            raise ValueError(f"timeout must be positive, got {limit!r}")
+        for path, content in (files or {}).items():
+            await self.write_file(path, content)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        return await self._exec(shell_argv(command), timeout=limit, stdin=data)
+
+    def _resolve(self, path: str) -> Path:
+        """The host path of ``path`` in the work dir; refuses escapes, also through symlinks."""
+        if self.workdir is None:
+            raise SandboxError(f"sandbox {self.id} has no work dir (closed or not started)")
+        relative = Path(
+            path[len(bwrap.WORKDIR) + 1 :] if path.startswith(bwrap.WORKDIR + "/") else path
+        )
+        target = self.workdir / relative
+        if relative.is_absolute() or not target.resolve().is_relative_to(self.workdir.resolve()):
+            raise SandboxError(
+                f"path {path!r} is outside the sandbox work dir; use a path relative to it"
+            )
+        return target
+
+    async def write_file(self, path: str, content: str | bytes) -> None:
+        """Write ``content`` to ``path`` (relative to the work dir, or under /work)."""
+        await self.start()
+        target = self._resolve(path)
+        data = content.encode() if isinstance(content, str) else content
+        assert self.workdir is not None
+        missing = [
+            d for d in reversed(target.parents) if d.is_relative_to(self.workdir) and not d.exists()
+        ]
+        for directory in missing:
+            directory.mkdir()
+            if self._switch_user:
+                os.chown(directory, self._uid, self._uid)
+        # O_NOFOLLOW: a symlink the sandboxed code left here must not redirect a host write.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, data)
+            if self._switch_user:
+                os.fchown(fd, self._uid, self._uid)
+        finally:
+            os.close(fd)
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of ``path`` (relative to the work dir, or under /work)."""
+        await self.start()
+        target = self._resolve(path)
+        try:
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no file {path!r} in sandbox {self.id}") from None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    async def close(self) -> None:
+        """Kill every running call and its processes, then delete the work dir. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        running = list(self._running)
+        for proc in running:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        # Under bubblewrap nothing outlives its call, so only killed calls need the /proc scan.
+        if running or not self.isolated:
+            left = await kill_marked(f"{self.id}/")
+            if left:
+                logger.error("sandbox %s: processes %s survived SIGKILL", self.id, left)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
