@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -56,36 +56,55 @@ def kl_penalized_rewards(
     return (token_rewards - coef * kl) * mask.to(token_rewards.dtype)
 
 
-def _entropy_rows(logits: Tensor) -> Tensor:
-    logits = logits.float()
-    log_z = torch.logsumexp(logits, dim=-1)
-    probs = torch.softmax(logits, dim=-1)
-    return log_z - (probs * logits).sum(dim=-1)
+def _entropy_chunk(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(H, p, log p)`` of one chunk of rows, in float32 at least; p = 0 adds nothing."""
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    p = logp.exp()
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+    return -plogp.sum(dim=-1), p, logp
+
+
+class _ChunkedEntropy(torch.autograd.Function):
+    """Entropy whose backward recomputes the softmax chunk by chunk instead of storing it."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, chunk_size: int) -> Tensor:
+        entropy = torch.cat([_entropy_chunk(c)[0] for c in logits.split(chunk_size)])
+        ctx.save_for_backward(logits, entropy)
+        ctx.chunk_size = chunk_size
+        return entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        logits, entropy = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        size = ctx.chunk_size
+        for start in range(0, logits.shape[0], size):
+            rows = slice(start, start + size)
+            _, p, logp = _entropy_chunk(logits[rows])
+            # dH/dz_j = -p_j (log p_j + H); p_j log p_j is 0 where p_j is 0
+            plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+            local = -(plogp + p * entropy[rows, None]) * grad[rows, None]
+            out[rows] = local.to(out.dtype)
+        return out, None
 
 
 def entropy_from_logits(logits: Tensor, *, chunk_size: int | None = 1024) -> Tensor:
-    """Entropy of the next-token distribution, ``H = logsumexp(z) - sum_v softmax(z)_v z_v``,
-    for logits ``[..., V]``; returns ``[...]`` in float32.
+    """Entropy of the next-token distribution, ``H = -sum_v p_v log p_v`` with
+    ``p = softmax(z)``, for logits ``[..., V]``; returns ``[...]`` in float32 (float64 for float64 logits).
 
-    Memory-aware: rows are processed ``chunk_size`` at a time, and under autograd each chunk
-    is recomputed in backward (activation checkpointing), so the peak extra memory is one
-    chunk's ``[chunk_size, V]`` softmax instead of the whole batch's. ``None``: one chunk.
-    The entropy bonus itself (Mnih et al. 2016, arXiv:1602.01783) is ``-coef * H`` in the loss.
+    Memory-aware: rows are processed ``chunk_size`` at a time (``None``: all at once) and
+    backward recomputes each chunk's softmax, so beyond the logits and their gradient the
+    peak extra memory is one chunk's ``[chunk_size, V]`` instead of the whole batch's.
+    Logits of -inf (masked vocabulary entries) are allowed. The entropy bonus itself
+    (Mnih et al. 2016, arXiv:1602.01783) is ``-coef * H`` in the loss.
     """
     shape = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])
-    if chunk_size is None or flat.shape[0] <= chunk_size:
-        return _entropy_rows(flat).reshape(shape)
-    from torch.utils.checkpoint import checkpoint
-
-    grad = torch.is_grad_enabled() and flat.requires_grad
-    parts = []
-    for chunk in flat.split(chunk_size):
-        if grad:
-            parts.append(checkpoint(_entropy_rows, chunk, use_reentrant=False))
-        else:
-            parts.append(_entropy_rows(chunk))
-    return torch.cat(parts).reshape(shape)
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"entropy_from_logits: chunk_size must be >= 1 or None, got {chunk_size}")
+    size = max(flat.shape[0], 1) if chunk_size is None else chunk_size
+    return _ChunkedEntropy.apply(flat, size).reshape(shape)
 
 
 def overlong_penalty(
