@@ -39,6 +39,74 @@ class ToolCall:
             "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
         }
 
+    @classmethod
+    def from_openai(cls, d: Any) -> ToolCall:
+        """Read one entry of an OpenAI ``tool_calls`` list (a dict or an SDK object).
+
+        Never raises for model faults: arguments that are not a JSON object, or a missing name,
+        give ``status="malformed"`` with ``error`` saying why and ``raw`` holding the arguments
+        text. An empty arguments string counts as ``{}``.
+        """
+        import json
+
+        if hasattr(d, "model_dump"):
+            d = d.model_dump()
+        if not isinstance(d, dict):
+            return cls(
+                "",
+                {},
+                status="malformed",
+                raw=repr(d),
+                error=f"a tool call must be an object, got {d!r:.80}",
+            )
+        call_id = str(d.get("id") or "")
+        fn = d.get("function")
+        if not isinstance(fn, dict):
+            return cls(
+                "",
+                {},
+                call_id,
+                "malformed",
+                json.dumps(d, default=repr),
+                f"tool call has no 'function' object: {d!r:.80}",
+            )
+        name, args = fn.get("name"), fn.get("arguments")
+        raw = args if isinstance(args, str) else json.dumps(args, default=repr)
+        if not isinstance(name, str) or not name:
+            return cls(
+                "",
+                {},
+                call_id,
+                "malformed",
+                raw,
+                f"tool call has no function name (got {name!r:.40})",
+            )
+        if args is None or (isinstance(args, str) and not args.strip()):
+            return cls(name, {}, call_id, raw=raw)
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError as e:
+                return cls(
+                    name,
+                    {},
+                    call_id,
+                    "malformed",
+                    raw,
+                    f"arguments are not valid JSON ({e}): {args!r:.80}",
+                )
+        if not isinstance(args, dict):
+            kind = type(args).__name__
+            return cls(
+                name,
+                {},
+                call_id,
+                "malformed",
+                raw,
+                f"arguments must be a JSON object, got a {kind}: {raw!r:.80}",
+            )
+        return cls(name, args, call_id, raw=raw)
+
 
 class Status(enum.StrEnum):
     """How an episode ended."""
