@@ -1,0 +1,143 @@
+"""The built-in agent loop: single-turn or multi-turn tool calling against a Vime env.
+
+``run(env, llm, sampling)`` resets the env, then alternates engine turns and env steps until
+the env terminates or truncates, the turn limit or the context limit is hit, and returns the
+episode as a token-level :class:`~vime.types.Trajectory`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vime.agents.config import AgentConfig
+from vime.agents.session import LLM, ContextLimitReached, LLMSession
+from vime.agents.template import ChatTemplateRenderer
+
+from vime.types import Message, Status, Trajectory
+
+
+class Episode:
+    """One episode's live state, so a caller that cancels or times it out can still build
+    the partial trajectory (see :meth:`trajectory`)."""
+
+    def __init__(
+        self,
+        env: Any,
+        llm: LLM,
+        sampling: Any,
+        config: AgentConfig | None = None,
+        *,
+        renderer: ChatTemplateRenderer | None = None,
+        task: dict | None = None,
+        seed: int | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        self.env = env
+        self.config = config or AgentConfig()
+        self.task = task
+        self.seed = seed
+        parse: Callable[[str], Message] | None = None
+        if self.config.tool_parser is None and hasattr(env, "parse_action"):
+            parse = env.parse_action
+        self.session = LLMSession(
+            llm, sampling, self.config, renderer=renderer, parse=parse, session_id=session_id
+        )
+        self.messages: list[Message] = []
+        self.turn_rewards: list[float] = []
+        self.metrics: dict[str, float] = {}
+        self.status = Status.TRUNCATED
+        self.stop_reason = ""
+        self.started = time.monotonic()
+
+    async def play(self) -> None:
+        """Run the episode to its end; env and engine errors propagate to the caller."""
+        options = {"task": self.task} if self.task is not None else None
+        observation, _info = await self.env.areset(seed=self.seed, options=options)
+        self.messages = list(observation)
+        tools = list(self.env.tool_schemas or [])
+        for _ in range(self.config.max_turns):
+            try:
+                action = await self.session.complete(self.messages, tools)
+            except ContextLimitReached as exc:
+                self.status, self.stop_reason = Status.TRUNCATED, f"context: {exc}"
+                return
+            if self.session.context_full:
+                # The reply was cut by the context window: not a move the env should grade.
+                self.messages.append(action)
+                limit = self.config.max_context_tokens
+                self.status, self.stop_reason = Status.TRUNCATED, f"context: reached {limit} tokens"
+                return
+            self.messages.append(action)
+            observation, reward, terminated, truncated, info = await self.env.astep(action)
+            self.turn_rewards.append(float(reward))
+            self.messages.extend(observation)
+            self._add_metrics(info)
+            if terminated:
+                self.status, self.stop_reason = Status.COMPLETED, "terminated"
+                return
+            if truncated:
+                self.status, self.stop_reason = Status.TRUNCATED, "env truncated"
+                return
+        self.status, self.stop_reason = Status.TRUNCATED, f"max_turns={self.config.max_turns}"
+
+    def _add_metrics(self, info: dict | None) -> None:
+        for key, value in (info or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                self.metrics[key] = self.metrics.get(key, 0.0) + float(value)
+
+    def trajectory(
+        self,
+        status: Status | None = None,
+        error: str | None = None,
+        *,
+        task_id: str = "",
+        sample_index: int = 0,
+    ) -> Trajectory:
+        """The trajectory so far, with ``status`` (default: how :meth:`play` ended)."""
+        status = self.status if status is None else status
+        metrics = {**self.metrics, "episode_seconds": time.monotonic() - self.started}
+        return self.session.builder.build(
+            messages=list(self.messages),
+            reward=sum(self.turn_rewards),
+            turn_rewards=self.turn_rewards,
+            status=status,
+            task_id=task_id,
+            sample_index=sample_index,
+            error=error,
+            metrics=metrics,
+            metadata={
+                "stop_reason": self.stop_reason or (error or ""),
+                "session_id": self.session.session_id,
+            },
+        )
+
+
+async def run(
+    env: Any,
+    llm: LLM,
+    sampling: Any,
+    config: AgentConfig | None = None,
+    *,
+    renderer: ChatTemplateRenderer | None = None,
+    task: dict | None = None,
+    seed: int | None = None,
+) -> Trajectory:
+    """Play one episode of ``env`` with ``llm`` and return its trajectory.
+
+    Never raises for env, tool or engine errors: they end the episode with status ``failed``
+    and the reason in ``error``. ``renderer`` is required in the default token-in mode.
+    """
+    episode = Episode(env, llm, sampling, config, renderer=renderer, task=task, seed=seed)
+    try:
+        await episode.play()
+    except Exception as exc:
+        return episode.trajectory(Status.FAILED, describe_error(exc))
+    return episode.trajectory()
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line reason for a failed episode: the exception type and its message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,146 @@
+"""The built-in tool agent against the stub engine: exact token records, limits and failures."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import CountingEnv
+from vime.agents import AgentConfig, run
+
+from vime.rollout.stub_server import stub_logprob
+from vime.types import Status
+
+SAMPLING = {"temperature": 1.0, "max_tokens": 200}
+
+
+def sampled_spans(mask: list[int]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+async def test_token_mode_episode_matches_what_the_engine_saw(stub, client, renderer, token_config):
+    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+
+    last = stub.requests[-1]
+    reply_ids = traj.token_ids[len(last["prompt"]) :]
+    assert traj.token_ids[: len(last["prompt"])] == last["prompt"]
+    assert reply_ids[-1] == renderer.tokenizer.eos_token_id
+    assert len(stub.requests) == 5
+    assert traj.status is Status.COMPLETED
+    assert traj.reward == 1.0
+    assert traj.turn_rewards == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert traj.metrics["drift_count"] == 0
+    assert traj.metrics["tool_calls"] == 4
+
+
+async def test_loss_mask_covers_exactly_the_sampled_ids(stub, client, renderer, token_config):
+    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+
+    spans = sampled_spans(traj.loss_mask)
+    assert len(spans) == 5
+    for (start, end), request in zip(spans, stub.requests, strict=True):
+        # each sampled span starts right where the prompt sent for that turn ended
+        assert start == len(request["prompt"])
+        assert traj.token_ids[end - 1] == renderer.tokenizer.eos_token_id
+    assert traj.prompt_length == len(stub.requests[0]["prompt"])
+    assert traj.loss_mask[: traj.prompt_length] == [0] * traj.prompt_length
+
+
+async def test_logprobs_align_one_to_one_with_sampled_ids(stub, client, renderer, token_config):
+    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+
+    for i, (tok, m, lp) in enumerate(
+        zip(traj.token_ids, traj.loss_mask, traj.logprobs, strict=True)
+    ):
+        assert lp == (stub_logprob(tok, i) if m else 0.0)
+    assert traj.token_versions == [0 if m else -1 for m in traj.loss_mask]
+    assert traj.weight_versions == [0] * 5
+
+
+async def test_env_ids_are_the_template_rendering_of_the_env_messages(
+    stub, client, renderer, token_config
+):
+    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+
+    # The whole conversation rendered by the template gives the same ids as the record.
+    full = renderer.encode(
+        renderer.render(traj.messages, CountingEnv().tool_schemas, add_generation_prompt=False)
+    )
+    assert traj.token_ids == full[: len(traj.token_ids)]
+    assert renderer.tokenizer.decode(traj.token_ids).count("<tool_response>\n") == 4
+
+
+async def test_chat_mode_gives_the_same_ids_as_token_mode(stub, client, renderer):
+    tokens = await run(
+        CountingEnv(), client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer
+    )
+    chat = await run(CountingEnv(), client, SAMPLING, AgentConfig(mode="chat"))
+
+    assert chat.metrics["drift_count"] == 0
+    assert chat.token_ids == tokens.token_ids
+    assert chat.loss_mask == tokens.loss_mask
+    assert chat.logprobs == tokens.logprobs
+    assert chat.reward == tokens.reward == 1.0
+
+
+async def test_max_turns_truncates(stub, client, renderer):
+    traj = await run(CountingEnv(), client, SAMPLING, AgentConfig(max_turns=2), renderer=renderer)
+
+    assert traj.status is Status.TRUNCATED
+    assert traj.metadata["stop_reason"] == "max_turns=2"
+    assert traj.metrics["num_turns"] == 2
+    assert len(sampled_spans(traj.loss_mask)) == 2
+
+
+async def test_context_guard_truncates_before_overflowing(stub, client, renderer):
+    full = await run(CountingEnv(), client, SAMPLING, AgentConfig(), renderer=renderer)
+    limit = len(full.token_ids) - 5  # the last reply (17 ids) gets cut
+    stub.requests.clear()
+    traj = await run(
+        CountingEnv(), client, SAMPLING, AgentConfig(max_context_tokens=limit), renderer=renderer
+    )
+
+    assert traj.status is Status.TRUNCATED
+    assert traj.metadata["stop_reason"] == f"context: reached {limit} tokens"
+    assert len(traj.token_ids) == limit
+    assert traj.reward == 0.0  # the cut reply was never graded
+    # every request asked for no more tokens than fit
+    assert all(len(r["prompt"]) + r["max_tokens"] <= limit for r in stub.requests)
+    assert stub.requests[-1]["max_tokens"] < SAMPLING["max_tokens"]
+
+
+async def test_context_guard_stops_when_the_prompt_alone_overflows(stub, client, renderer):
+    full = await run(CountingEnv(), client, SAMPLING, AgentConfig(), renderer=renderer)
+    limit = len(full.token_ids) - 40  # the last prompt no longer fits
+    stub.requests.clear()
+    traj = await run(
+        CountingEnv(), client, SAMPLING, AgentConfig(max_context_tokens=limit), renderer=renderer
+    )
+
+    assert traj.status is Status.TRUNCATED
+    assert traj.metadata["stop_reason"].startswith("context: the prompt has ")
+    assert len(stub.requests) == 4
+    assert traj.metrics["num_turns"] == 4
+
+
+async def test_engine_error_fails_only_with_the_reason(stub, client, renderer):
+    def broken(prompt: str) -> str:
+        raise RuntimeError("engine exploded")
+
+    stub.policy = broken
+    traj = await run(CountingEnv(), client, SAMPLING, AgentConfig(), renderer=renderer)
+
+    assert traj.status is Status.FAILED
+    assert traj.error.startswith("EngineError: engine ")
+    assert "500" in traj.error
+    assert traj.loss_mask == [0] * len(traj.token_ids)
+
+
+async def test_token_mode_without_renderer_is_a_clear_error(client):
+    with pytest.raises(ValueError, match="token-in mode needs a ChatTemplateRenderer"):
+        await run(CountingEnv(), client, SAMPLING, AgentConfig(mode="tokens"))

@@ -1,0 +1,146 @@
+"""A lean client for vLLM's OpenAI-compatible API implementing :class:`vime.agents.LLM`:
+chat with ``return_token_ids`` and token-in ``/completions``, both with per-token logprobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from vime.errors import VimeError
+from vime.types import Message
+
+
+class EngineError(VimeError):
+    """The engine answered with an error or without the token ids Vime needs."""
+
+
+@dataclass
+class EngineReply:
+    """One completion as the engine sampled it."""
+
+    text: str
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    weight_version: int | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    message: Message | None = None
+
+
+_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed", "stop", "top_k", "min_p")
+
+
+def sampling_body(sampling: Any) -> dict[str, Any]:
+    """Request fields for ``sampling`` (a dataclass, a dict or None); None values are left out."""
+    if sampling is None:
+        return {}
+    values = dataclasses.asdict(sampling) if dataclasses.is_dataclass(sampling) else dict(sampling)
+    return {k: values[k] for k in _SAMPLING_KEYS if values.get(k) is not None}
+
+
+class EngineClient:
+    """Talks to one OpenAI-compatible vLLM endpoint (or a router in front of several).
+
+    One instance is shared by all episodes (one connection pool); each call's ``session_id``
+    goes out as ``X-Session-Id`` so a router keeps an episode on one engine.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str = "EMPTY",
+        timeout: float = 600.0,
+        max_connections: int = 1024,
+    ) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._http = httpx.AsyncClient(
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {api_key}"},
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict, session_id: str | None) -> dict:
+        headers = {"X-Session-Id": session_id} if session_id else None
+        response = await self._http.post(self.base_url + path, json=body, headers=headers)
+        if response.status_code != 200:
+            raise EngineError(
+                f"engine {self.base_url}{path} answered {response.status_code}: {response.text[:300]}"
+            )
+        return response.json()
+
+    async def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict] | None = None,
+        sampling: Any = None,
+        session_id: str | None = None,
+    ) -> EngineReply:
+        """Chat completion; the engine renders the template and reports the ids it used."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "logprobs": True,
+            "return_token_ids": True,
+            **sampling_body(sampling),
+        }
+        if tools:
+            body["tools"] = tools
+        data = await self._post("/chat/completions", body, session_id)
+        choice = data["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None or data.get("prompt_token_ids") is None:
+            raise EngineError(
+                f"engine {self.base_url} returned no token ids: it must be vLLM (return_token_ids)"
+            )
+        content = (choice.get("logprobs") or {}).get("content") or []
+        message = {k: v for k, v in choice["message"].items() if v not in (None, [])}
+        return EngineReply(
+            text=choice["message"].get("content") or "",
+            completion_ids=list(ids),
+            logprobs=[float(c["logprob"]) for c in content],
+            finish_reason=choice.get("finish_reason") or "stop",
+            weight_version=data.get("weight_version"),
+            prompt_ids=list(data["prompt_token_ids"]),
+            message=message,
+        )
+
+    async def generate(
+        self, prompt_ids: list[int], *, sampling: Any = None, session_id: str | None = None
+    ) -> EngineReply:
+        """Token-in completion of ``prompt_ids``."""
+        body = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "logprobs": 0,
+            "return_token_ids": True,
+            **sampling_body(sampling),
+        }
+        data = await self._post("/completions", body, session_id)
+        choice = data["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise EngineError(
+                f"engine {self.base_url} returned no token ids: it must be vLLM (return_token_ids)"
+            )
+        return EngineReply(
+            text=choice.get("text") or "",
+            completion_ids=list(ids),
+            logprobs=[float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []],
+            finish_reason=choice.get("finish_reason") or "stop",
+            weight_version=data.get("weight_version"),
+            prompt_ids=list(choice.get("prompt_token_ids") or prompt_ids),
+        )

@@ -1,0 +1,280 @@
+"""A zero-latency OpenAI-compatible server that answers like vLLM (prompt and completion token
+ids, per-token logprobs) from a deterministic script, for tests and overhead benchmarks.
+
+It renders chat requests with any tokenizer that has ``apply_chat_template`` and ``encode``;
+:class:`ByteTokenizer` is a dependency-free one (bytes plus ChatML special tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
+
+
+class ByteTokenizer:
+    """One id per UTF-8 byte (0-255) plus ChatML special tokens; renders Qwen-style ChatML
+    with Hermes ``<tool_call>`` tools. Re-tokenisation is exact, so it never drifts by itself."""
+
+    eos_token = "<|im_end|>"
+
+    def __init__(self) -> None:
+        self.special_ids = {s: 256 + i for i, s in enumerate(SPECIALS)}
+        self.id_to_special = {i: s for s, i in self.special_ids.items()}
+        self.eos_token_id = self.special_ids[self.eos_token]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Ids of ``text``; special-token strings become their single ids."""
+        ids: list[int] = []
+        for part in _SPECIAL_RE.split(text):
+            if part in self.special_ids:
+                ids.append(self.special_ids[part])
+            elif part:
+                ids.extend(part.encode())
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids`` (invalid UTF-8 is replaced)."""
+        out, buf = [], bytearray()
+        for i in ids:
+            if i < 256:
+                buf.append(i)
+                continue
+            out.append(buf.decode(errors="replace"))
+            buf = bytearray()
+            if not skip_special_tokens:
+                out.append(self.id_to_special[i])
+        out.append(buf.decode(errors="replace"))
+        return "".join(out)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        **_: Any,
+    ) -> str | list[int]:
+        """ChatML text (or ids with ``tokenize=True``) of ``messages``."""
+        parts = []
+        if tools:
+            system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+            listing = "\n".join(json.dumps(t, sort_keys=True) for t in tools)
+            parts.append(f"<|im_start|>system\n{system}\n<tools>\n{listing}\n</tools><|im_end|>\n")
+            if messages and messages[0]["role"] == "system":
+                messages = messages[1:]
+        for m in messages:
+            content = m.get("content") or ""
+            if m["role"] == "assistant":
+                # Qwen2.5's layout: a sampled "<tool_call>..." right after the generation
+                # prompt re-renders to the same text.
+                text = f"\n{content}" if content else ""
+                for call in m.get("tool_calls") or []:
+                    fn = call["function"]
+                    args = fn["arguments"]
+                    args = json.loads(args) if isinstance(args, str) else args
+                    call_json = json.dumps({"name": fn["name"], "arguments": args})
+                    text += f"\n<tool_call>\n{call_json}\n</tool_call>"
+                parts.append(f"<|im_start|>assistant{text}<|im_end|>\n")
+            elif m["role"] == "tool":
+                parts.append(
+                    f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"
+                )
+            else:
+                parts.append(f"<|im_start|>{m['role']}\n{content}<|im_end|>\n")
+        if add_generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+        text = "".join(parts)
+        return self.encode(text) if tokenize else text
+
+
+Policy = Callable[[str], str]
+
+
+def counting_tool_policy(turns: int = 5, tool: str = "add") -> Policy:
+    """A scripted model: calls ``tool`` until it has answered ``turns - 1`` times, then answers.
+
+    The reply depends only on the prompt text, so episodes are reproducible.
+    """
+
+    def policy(prompt: str) -> str:
+        done = prompt.count("<|im_start|>assistant") - 1
+        if done < turns - 1:
+            args = {"a": done, "b": 1}
+            return (
+                f'<tool_call>\n{{"name": "{tool}", "arguments": {json.dumps(args)}}}\n</tool_call>'
+            )
+        return f"The answer is {done}."
+
+    return policy
+
+
+def stub_logprob(token_id: int, position: int) -> float:
+    """The stub's deterministic 'logprob' of ``token_id`` sampled at ``position``."""
+    return -(((token_id * 7 + position * 13) % 50) + 1) / 100.0
+
+
+class StubServer:
+    """An aiohttp app serving ``/v1/chat/completions``, ``/v1/completions`` and
+    ``/v1/models``. ``policy(prompt_text) -> reply_text`` decides every answer; the reply is
+    followed by the tokenizer's EOS id unless it hits ``max_tokens``. ``weight_version`` is
+    reported in each response (``weight_version`` field, as Vime's engines do).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any | None = None,
+        policy: Policy | None = None,
+        *,
+        model: str = "stub",
+        weight_version: int = 0,
+        delay: float = 0.0,
+    ) -> None:
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.policy = policy or counting_tool_policy()
+        self.model = model
+        self.weight_version = weight_version
+        self.delay = delay
+        self.requests: list[dict] = []
+        self.record_requests = False
+        self.url = ""
+        self._runner: Any = None
+
+    def _complete(
+        self, prompt_ids: list[int], max_tokens: int | None
+    ) -> tuple[list[int], str, str]:
+        reply = self.policy(self.tokenizer.decode(prompt_ids))
+        ids = [*self.tokenizer.encode(reply, add_special_tokens=False), self.tokenizer.eos_token_id]
+        finish = "stop"
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return ids, text, finish
+
+    async def _chat(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        if self.record_requests:
+            self.requests.append(body)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        text = self.tokenizer.apply_chat_template(
+            body["messages"], tools=body.get("tools"), tokenize=False, add_generation_prompt=True
+        )
+        prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids, reply, finish = self._complete(prompt_ids, body.get("max_tokens"))
+        start = len(prompt_ids)
+        logprobs = [
+            {
+                "token": f"token_id:{t}",
+                "logprob": stub_logprob(t, start + i),
+                "bytes": None,
+                "top_logprobs": [],
+            }
+            for i, t in enumerate(ids)
+        ]
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": reply, "tool_calls": []},
+                        "logprobs": {"content": logprobs},
+                        "finish_reason": finish,
+                        "token_ids": ids,
+                    }
+                ],
+                "prompt_token_ids": prompt_ids,
+                "usage": {
+                    "prompt_tokens": start,
+                    "completion_tokens": len(ids),
+                    "total_tokens": start + len(ids),
+                },
+                "weight_version": self.weight_version,
+            }
+        )
+
+    async def _completions(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        if self.record_requests:
+            self.requests.append(body)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        prompt = body["prompt"]
+        prompt_ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+        ids, reply, finish = self._complete(prompt_ids, body.get("max_tokens"))
+        start = len(prompt_ids)
+        return web.json_response(
+            {
+                "id": f"cmpl-{len(self.requests)}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": reply,
+                        "logprobs": {
+                            "tokens": [f"token_id:{t}" for t in ids],
+                            "token_logprobs": [
+                                stub_logprob(t, start + i) for i, t in enumerate(ids)
+                            ],
+                            "top_logprobs": None,
+                            "text_offset": [],
+                        },
+                        "finish_reason": finish,
+                        "token_ids": ids,
+                        "prompt_token_ids": prompt_ids,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": start,
+                    "completion_tokens": len(ids),
+                    "total_tokens": start + len(ids),
+                },
+                "weight_version": self.weight_version,
+            }
+        )
+
+    async def _models(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        )
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on ``host:port`` (0 picks a free port) in the running loop; return the base URL."""
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", lambda r: web.Response(text="ok"))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, backlog=4096)
+        await site.start()
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        self.url = f"http://{host}:{sock.getsockname()[1]}/v1"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
