@@ -1,0 +1,1 @@
+"""Evaluation: metrics over sampled answers (pass@k, maj@k, rewards, confidence intervals)."""
