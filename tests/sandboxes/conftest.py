@@ -1,0 +1,158 @@
+"""Fixtures of the sandbox tests: the backends to run the containment suite against, a factory
+of sandboxes that closes them afterwards, an in-process sandbox server, and a /proc scan.
+
+Backends: ``local`` (bubblewrap), ``remote`` (a server with the local backend on loopback) and
+``docker`` when a Docker engine answers and the image ``$VIME_SANDBOX_IMAGE`` (default
+``vime-sandbox:bookworm``) exists; docker cases are marked ``slow`` and ``docker``. A backend
+takes part by accepting ``limits=`` and limit keywords in its constructor and by leaving no
+process whose command line carries a test's token (``live_processes``) after a timeout or
+``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from vime.sandboxes import Sandbox, create
+
+TOKEN = "test-token-" + "x" * 24
+
+
+@functools.cache
+def docker_available() -> bool:
+    """True when a Docker engine answers and the sandbox image is present."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.images.get(os.environ.get("VIME_SANDBOX_IMAGE", "vime-sandbox:bookworm"))
+    except Exception:
+        return False
+    return True
+
+
+def backend_params() -> list[Any]:
+    """The backends of the containment suite on this machine."""
+    params: list[Any] = []
+    if shutil.which("bwrap"):
+        params += ["local", "remote"]
+    if docker_available():
+        params.append(pytest.param("docker", marks=[pytest.mark.slow, pytest.mark.docker]))
+    return params
+
+
+def live_processes(token: str) -> list[int]:
+    """Pids of live processes whose command line contains ``token`` (zombies have none)."""
+    needle = token.encode()
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+async def wait_gone(token: str, within: float = 2.0) -> list[int]:
+    """Processes carrying ``token`` still alive after ``within`` seconds (none is success)."""
+    deadline = time.monotonic() + within
+    while (pids := live_processes(token)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return pids
+
+
+class ProcessScan:
+    """Find a test's sandboxed processes on the host by a unique word in their command line."""
+
+    @staticmethod
+    def token() -> str:
+        """A unique word to put in a sandboxed command line."""
+        return f"vimetest{secrets.token_hex(6)}"
+
+    live = staticmethod(live_processes)
+    wait_gone = staticmethod(wait_gone)
+
+
+@pytest.fixture
+def procs() -> ProcessScan:
+    """Helpers to find the processes a test started in a sandbox (see ProcessScan)."""
+    return ProcessScan()
+
+
+@dataclass
+class RunningServer:
+    """A sandbox server serving on loopback inside the test's event loop."""
+
+    url: str
+    server: Any
+    runner: Any
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_server(**config: Any) -> RunningServer:
+    """Start a sandbox server (local backend, port 0) with ``config`` overrides."""
+    from aiohttp import web
+    from vime.sandboxes.server import SandboxServer
+    from vime.sandboxes.server_config import ServerConfig
+
+    server = SandboxServer(ServerConfig(port=0, **config), TOKEN)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return RunningServer(f"http://{host}:{port}", server, runner)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RunningServer]:
+    """A sandbox server with default settings."""
+    running = await start_server()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture(params=backend_params())
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each sandbox backend available here."""
+    return request.param
+
+
+@pytest.fixture
+async def make_sandbox(backend: str) -> AsyncIterator[Callable[..., Awaitable[Sandbox]]]:
+    """``await make_sandbox(**limits)``: a started sandbox of ``backend``, closed at the end."""
+    boxes: list[Sandbox] = []
+    servers: list[RunningServer] = []
+
+    async def make(**options: Any) -> Sandbox:
+        if backend == "remote":
+            if not servers:
+                servers.append(await start_server())
+            box = create("remote", url=servers[0].url, token=TOKEN, **options)
+        else:
+            box = create(backend, **options)
+        boxes.append(box)
+        await box.start()
+        return box
+
+    yield make
+    for box in boxes:
+        await box.close()
+    for running in servers:
+        await running.stop()
