@@ -1,0 +1,13 @@
+"""Environments (``vime.envs``): the Env base class, tools, wrappers and the env registry.
+
+Importing this package registers the built-in envs (``vime env list`` shows them).
+"""
+
+from vime.envs.base import Env, ToolEnv
+from vime.envs.registry import make, register
+from vime.envs.tools import tool
+
+register("vime/Math-v0", "vime.envs.math_env:MathEnv")
+register("vime/GuessNumber-v0", "vime.envs.guess_number:GuessNumberEnv")
+
+__all__ = ["Env", "ToolEnv", "make", "register", "tool"]
