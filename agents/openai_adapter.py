@@ -16,7 +16,7 @@ from vime.agents.session import LLM, ContextLimitReached, LLMSession
 from vime.agents.template import ChatTemplateRenderer
 from vime.agents.tool_agent import describe_error
 
-from vime.types import Status, Trajectory
+from vime.types import Message, Status, Trajectory
 
 AgentFn = Callable[[Any], Awaitable[float | None]]
 
@@ -125,6 +125,7 @@ async def run_openai_agent(
     config: AgentConfig | None = None,
     *,
     renderer: ChatTemplateRenderer | None = None,
+    parse: Callable[[str], Message] | None = None,
     model: str = "vime",
 ) -> Trajectory:
     """Run ``agent(client)`` with a recording client and return the episode's trajectory.
@@ -132,10 +133,11 @@ async def run_openai_agent(
     ``agent`` is any coroutine function that takes an ``openai.AsyncOpenAI`` and returns the
     episode's reward (or None for 0.0). Its ``chat.completions.create`` calls are served by
     ``llm`` and recorded token by token. An exception in the agent or the engine gives a
-    ``failed`` trajectory with the reason; a context overflow gives ``truncated``.
+    ``failed`` trajectory with the reason; a context overflow gives ``truncated``. Tool calls
+    in the model's text are parsed by ``parse`` (default: the ``config.tool_parser`` parser).
     """
     config = config or AgentConfig()
-    session = LLMSession(llm, sampling, config, renderer=renderer)
+    session = LLMSession(llm, sampling, config, renderer=renderer, parse=parse)
     transport = RecordingTransport(session, model=model)
     client = recording_client(transport)
     status, error, reward = Status.COMPLETED, None, 0.0
