@@ -1,0 +1,158 @@
+"""The local backend: bubblewrap isolation details, its limits, and life without bubblewrap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from vime.sandboxes import SandboxError, create
+from vime.sandboxes import local as local_module
+from vime.sandboxes.local import LocalSandbox
+
+pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+
+
+@pytest.fixture
+async def box():
+    async with create("local", timeout=10) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    """Make bubblewrap look absent to the local backend."""
+    real_which = shutil.which
+
+    def which(name, *args, **kwargs):
+        return None if name == "bwrap" else real_which(name, *args, **kwargs)
+
+    monkeypatch.setattr(local_module.shutil, "which", which)
+
+
+async def test_commands_run_in_work_as_an_unprivileged_user(box):
+    result = await box.run("pwd; id -u; hostname")
+    expected_uid = 65534 if os.geteuid() == 0 else os.geteuid()
+    assert result.stdout == f"/work\n{expected_uid}\nsandbox\n"
+
+
+async def test_the_host_environment_does_not_leak_in(box, monkeypatch):
+    monkeypatch.setenv("VIME_TEST_SECRET", "hunter2")
+    result = await box.run("env")
+    assert "hunter2" not in result.stdout
+    assert "HOME=/work" in result.stdout
+
+
+async def test_rlimits_are_applied_inside():
+    async with create(
+        "local", memory_bytes=512 << 20, max_open_files=64, max_processes=32, cpu_seconds=7
+    ) as box:
+        result = await box.run_code(
+            "import resource as r\n"
+            "for name in ('AS', 'NOFILE', 'NPROC', 'CPU', 'CORE'):\n"
+            "    print(*r.getrlimit(getattr(r, 'RLIMIT_' + name)))\n"
+        )
+    assert result.stdout.splitlines() == [
+        f"{512 << 20} {512 << 20}",
+        "64 64",
+        "32 32",
+        "7 8",
+        "0 0",
+    ]
+
+
+async def test_cpu_time_limit_kills_a_busy_loop_before_the_wall_clock():
+    async with create("local", cpu_seconds=1, timeout=20) as box:
+        result = await box.run_code("while True: pass")
+    assert not result.timed_out
+    assert result.exit_code == 128 + 24  # SIGXCPU
+    assert result.duration < 10
+
+
+async def test_file_size_limit_stops_a_large_write():
+    async with create("local", max_file_bytes=1 << 20) as box:
+        result = await box.run_code("open('big', 'wb').write(b'x' * (2 << 20))")
+    assert result.exit_code == 1
+    assert "File too large" in result.stderr
+
+
+async def test_tmp_is_private_and_writable(box):
+    marker = "vime-private-tmp-check"
+    result = await box.run(f"echo hi > /tmp/{marker} && cat /tmp/{marker}")
+    assert result.stdout == "hi\n"
+    assert not os.path.exists(f"/tmp/{marker}")
+
+
+async def test_a_symlink_to_a_host_file_is_not_followed_by_read_file(box):
+    await box.run("ln -s /etc/passwd leak; ln -s / root")
+    with pytest.raises(SandboxError, match="outside the sandbox work dir"):
+        await box.read_file("leak")
+    with pytest.raises(SandboxError, match="outside the sandbox work dir"):
+        await box.write_file("root/tmp/x", "x")
+
+
+@pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/../../b"])
+async def test_paths_outside_the_work_dir_are_refused(box, path):
+    with pytest.raises(SandboxError, match="outside the sandbox work dir"):
+        await box.write_file(path, "x")
+
+
+async def test_work_paths_are_accepted_absolute_under_work(box):
+    await box.write_file("/work/sub/dir/f.txt", "deep")
+    result = await box.run("cat sub/dir/f.txt; echo more >> sub/dir/f.txt")
+    assert result.stdout == "deep"
+    assert await box.read_file("sub/dir/f.txt") == b"deepmore\n"
+
+
+async def test_close_deletes_the_work_dir_and_refuses_further_calls():
+    box = create("local")
+    await box.run("echo x > f")
+    workdir = box.workdir
+    assert workdir is not None and (workdir / "f").exists()
+    await box.close()
+    assert not workdir.exists()
+    with pytest.raises(SandboxError, match="is closed"):
+        await box.run("true")
+    await box.close()  # idempotent
+
+
+async def test_close_kills_a_call_in_flight(procs):
+    import asyncio
+
+    box = create("local", timeout=30)
+    token = procs.token()
+    call = asyncio.create_task(box.run(["python3", "-c", "import time; time.sleep(60)", token]))
+    await asyncio.sleep(0.5)
+    assert procs.live(token)
+    await box.close()
+    result = await asyncio.wait_for(call, 5)
+    assert not result.ok
+    assert await procs.wait_gone(token) == []
+
+
+def test_bad_limit_values_are_refused_with_the_name():
+    with pytest.raises(ValueError, match="timeout must be a positive number, got -1"):
+        LocalSandbox(timeout=-1)
+    with pytest.raises(TypeError, match=r"unknown sandbox limit\(s\) \['memory'\]"):
+        LocalSandbox(memory=5)
+
+
+def test_without_bubblewrap_the_backend_refuses_and_says_how_to_install(no_bwrap):
+    with pytest.raises(SandboxError, match="apt-get install -y bubblewrap"):
+        create("local")
+
+
+async def test_without_bubblewrap_the_opt_in_warns_and_applies_rlimits(no_bwrap, procs):
+    with pytest.warns(RuntimeWarning, match="WITHOUT ISOLATION"):
+        box = create("local", allow_unisolated=True, memory_bytes=512 << 20)
+    assert not box.isolated
+    token = procs.token()
+    daemon = f"setsid python3 -c 'import time; time.sleep(300)' {token} >/dev/null 2>&1 &"
+    try:
+        result = await box.run(f"ulimit -v; echo data > f; {daemon}")
+        assert result.stdout == f"{512 << 10}\n"
+        assert await box.read_file("f") == b"data\n"
+        assert procs.live(token)
+    finally:
+        await box.close()
+    assert await procs.wait_gone(token) == []
