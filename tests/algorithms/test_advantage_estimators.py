@@ -7,6 +7,7 @@ import torch
 
 from vime.algorithms.advantages import (
     broadcast_to_tokens,
+    compute_advantages,
     discounted_returns,
     dr_grpo_advantages,
     gae_advantages,
@@ -16,6 +17,7 @@ from vime.algorithms.advantages import (
     rloo_advantages,
     whiten,
 )
+from vime.algorithms.config import AdvantageConfig
 
 
 def _mean(xs):
@@ -193,3 +195,19 @@ def test_broadcast_to_tokens_puts_sequence_value_on_masked_tokens():
     assert got.tolist() == [[2.0, 2.0, 0.0], [0.0, -1.0, -1.0]]
     with pytest.raises(ValueError, match="3 sequence values for a mask of 2 rows"):
         broadcast_to_tokens(torch.zeros(3), mask)
+
+
+@pytest.mark.parametrize(
+    "name,function",
+    [
+        ("grpo", grpo_advantages),
+        ("dr_grpo", dr_grpo_advantages),
+        ("rloo", rloo_advantages),
+        ("reinforce_plus_plus", reinforce_plus_plus_advantages),
+        ("reinforce_plus_plus_baseline", reinforce_plus_plus_baseline_advantages),
+    ],
+)
+def test_compute_advantages_dispatches_by_config(name, function):
+    rewards = _rewards(8)
+    got = compute_advantages(rewards, AdvantageConfig(advantage_estimator=name))
+    assert torch.equal(got, function(rewards))

@@ -73,6 +73,22 @@ def test_policy_loss_equals_its_parts_composed_by_hand():
     assert torch.allclose(x.grad, y.grad, atol=1e-12)
 
 
+def test_bfloat16_inputs_are_computed_in_float32():
+    lp, old, _, _, _, adv, mask = _batch(5)
+    x = lp.to(torch.bfloat16).requires_grad_(True)
+    loss, _ = policy_loss(x, old.to(torch.bfloat16), adv.to(torch.bfloat16), mask, LossConfig())
+    loss.backward()
+    assert loss.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
+    expected, _ = policy_loss(
+        x.detach().float(),
+        old.to(torch.bfloat16).float(),
+        adv.to(torch.bfloat16).float(),
+        mask,
+        LossConfig(),
+    )
+    assert loss.item() == expected.item()
+
+
 def test_clip_fraction_metrics_count_each_kind():
     # four tokens: clipped high, clipped low, dual clipped, unclipped
     lp = torch.log(torch.tensor([[1.5, 0.5, 4.0, 1.0]], dtype=D))

@@ -101,12 +101,13 @@ def test_no_clipping_where_the_ratio_moves_against_the_advantage():
         assert not (out.clipped_low | out.clipped_high | out.clipped_dual).any()
 
 
-def test_ppo_masked_tokens_have_zero_loss_and_gradient():
+@pytest.mark.parametrize("surrogate", [ppo_clip_loss, gspo_loss])
+def test_masked_tokens_have_zero_loss_and_gradient(surrogate):
     lp, old, adv, mask = _batch(1)
     lp.requires_grad_(True)
     old = old.clone()
-    old[mask == 0] = -1e4  # garbage outside the mask must not leak inf/nan
-    out = ppo_clip_loss(lp, old, adv, mask)
+    old[mask == 0] = -math.inf  # garbage outside the mask must not leak inf/nan
+    out = surrogate(lp, old, adv, mask)
     out.loss.sum().backward()
     assert torch.isfinite(out.loss).all()
     assert (out.loss[mask == 0] == 0).all() and (lp.grad[mask == 0] == 0).all()
@@ -252,3 +253,22 @@ def test_value_loss_matches_reference_and_hand_case():
         clip=None,
     )
     assert plain.item() == 0.5
+
+
+@pytest.mark.parametrize("advantage,bound", [(1.0, 1 + 4e-4), (-1.0, 1 - 3e-4)])
+def test_gspo_clips_whole_sequences_exactly_past_the_threshold(advantage, bound):
+    direction = 1.0 if advantage > 0 else -1.0
+    grads = {}
+    for label, delta in (("inside", -1e-9), ("outside", 1e-9)):
+        seq_log_ratio = math.log(bound + direction * delta)
+        # two tokens whose log-ratios average to the sequence log-ratio
+        lp = torch.tensor([[seq_log_ratio + 0.1, seq_log_ratio - 0.1]], dtype=D, requires_grad=True)
+        out = gspo_loss(
+            lp, torch.zeros(1, 2, dtype=D), torch.full((1, 2), advantage, dtype=D), torch.ones(1, 2)
+        )
+        aggregate_loss(out.loss, torch.ones(1, 2), "seq-mean-token-mean").backward()
+        grads[label] = (lp.grad.tolist()[0], bool((out.clipped_high | out.clipped_low).any()))
+    ratio_in = bound - direction * 1e-9
+    assert grads["inside"][0] == pytest.approx([-advantage * ratio_in / 2] * 2)
+    assert not grads["inside"][1]
+    assert grads["outside"] == ([0.0, 0.0], True)

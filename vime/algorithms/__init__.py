@@ -11,6 +11,8 @@ from typing import Any
 
 _LAZY = {
     "LossConfig": "vime.algorithms.config",
+    "AdvantageConfig": "vime.algorithms.config",
+    "compute_advantages": "vime.algorithms.advantages",
     "policy_loss": "vime.algorithms.policy",
     "aggregate_loss": "vime.algorithms.losses",
     "count_loss_units": "vime.algorithms.losses",

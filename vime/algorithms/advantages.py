@@ -6,8 +6,13 @@ of one prompt in one row); token-level ones take padded ``[B, T]`` tensors with 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from vime.algorithms.config import AdvantageConfig
 
 
 def _check_groups(rewards: Tensor, min_size: int, name: str) -> None:
@@ -168,3 +173,20 @@ def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:
             f"{mask.shape[0]} rows; flatten groups in the same order as the batch rows"
         )
     return flat[:, None] * mask.to(flat.dtype)
+
+
+def compute_advantages(rewards: Tensor, config: AdvantageConfig) -> Tensor:
+    """Advantages ``[num_groups, group_size]`` of grouped outcome rewards with the estimator
+    that ``config.advantage_estimator`` names (see the functions above for the formulas)."""
+    name, eps = config.advantage_estimator, config.advantage_eps
+    if name == "grpo":
+        return grpo_advantages(rewards, eps=eps)
+    if name == "dr_grpo":
+        return dr_grpo_advantages(rewards)
+    if name == "rloo":
+        return rloo_advantages(rewards)
+    if name == "reinforce_plus_plus":
+        return reinforce_plus_plus_advantages(rewards, eps=eps)
+    if name == "reinforce_plus_plus_baseline":
+        return reinforce_plus_plus_baseline_advantages(rewards, eps=eps)
+    raise ValueError(f"compute_advantages: unknown estimator {name!r}")

@@ -1,4 +1,4 @@
-"""Typed configuration of the policy loss (its fields become ``vime train`` flags)."""
+"""Typed configuration of advantages and the policy loss (fields become ``vime train`` flags)."""
 
 from __future__ import annotations
 
@@ -103,3 +103,19 @@ class LossConfig:
                 self.seq_mask_token_high,
             )
         )
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Advantage estimator for outcome rewards grouped per prompt."""
+
+    advantage_estimator: Literal[
+        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
+    ] = option("grpo", help="how rewards of a group of samples become advantages")
+    advantage_eps: float = option(
+        1e-6, help="added to the std before dividing (grpo, reinforce_plus_plus*)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.advantage_eps < 0:
+            raise ConfigError(f"--advantage-eps must be >= 0, got {self.advantage_eps}")

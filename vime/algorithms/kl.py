@@ -7,6 +7,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from vime.algorithms.losses import masked_log_ratio
+
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 
@@ -25,7 +27,7 @@ def kl_estimate(
     ``k3 = exp(-x) - 1 + x`` (unbiased and always >= 0; GRPO's KL term). ``x`` is clamped to
     +-20. Returns ``[B, T]``, 0 outside the mask.
     """
-    x = ((logprobs - ref_logprobs) * mask).clamp(-MAX_KL_LOG_RATIO, MAX_KL_LOG_RATIO)
+    x = masked_log_ratio(logprobs, ref_logprobs, mask, MAX_KL_LOG_RATIO)
     if estimator == "k1":
         kl = x
     elif estimator == "k2":

@@ -7,6 +7,7 @@ over micro-batches equals one large batch exactly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +19,15 @@ AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-toke
 
 # exp() of a log-ratio above this overflows float32 gradients; such tokens are clipped anyway.
 MAX_LOG_RATIO = 20.0
+
+
+def masked_log_ratio(
+    logprobs: Tensor, other_logprobs: Tensor, mask: Tensor, bound: float = MAX_LOG_RATIO
+) -> Tensor:
+    """``logprobs - other_logprobs`` on masked tokens, 0 elsewhere (so padding holding -inf
+    or garbage cannot leak NaN), clamped to ``[-bound, bound]``."""
+    diff = torch.where(mask.bool(), logprobs - other_logprobs, torch.zeros_like(logprobs))
+    return diff.clamp(-bound, bound)
 
 
 @dataclass
@@ -96,8 +106,7 @@ def ppo_clip_loss(
     """
     eps_high = eps_low if eps_high is None else eps_high
     _check_eps(eps_low, eps_high, dual_clip)
-    log_ratio = ((logprobs - old_logprobs) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(masked_log_ratio(logprobs, old_logprobs, mask))
     return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 
@@ -125,10 +134,10 @@ def gspo_loss(
     _check_eps(eps_low, eps_high, dual_clip)
     m = mask.to(logprobs.dtype)
     lengths = m.sum(dim=1).clamp(min=1.0)
-    seq_log_ratio = ((logprobs - old_logprobs) * m).sum(dim=1) / lengths
+    seq_log_ratio = masked_log_ratio(logprobs, old_logprobs, mask, math.inf).sum(dim=1) / lengths
     seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     token_log_ratio = seq_log_ratio.detach()[:, None] + (logprobs - logprobs.detach())
-    ratio = torch.exp(token_log_ratio * m)
+    ratio = torch.exp(torch.where(mask.bool(), token_log_ratio, torch.zeros_like(logprobs)))
     return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 

@@ -11,11 +11,13 @@ import torch
 from torch import Tensor
 
 from vime.algorithms.kl import MAX_KL_LOG_RATIO
+from vime.algorithms.losses import masked_log_ratio
 
 
 def _log_ratio(trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> Tensor:
-    diff = (trainer_logprobs.detach() - rollout_logprobs.detach()) * mask
-    return diff.clamp(-MAX_KL_LOG_RATIO, MAX_KL_LOG_RATIO)
+    return masked_log_ratio(
+        trainer_logprobs.detach(), rollout_logprobs.detach(), mask, MAX_KL_LOG_RATIO
+    )
 
 
 def truncated_importance_weights(

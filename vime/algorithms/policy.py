@@ -88,6 +88,13 @@ def policy_loss(
             f"policy_loss: --entropy-coef={config.entropy_coef} needs the per-token entropy "
             "(entropy_from_logits); compute it or set --entropy-coef 0"
         )
+    # bf16 logprobs would make exp(ratio) and the clip thresholds coarse: work in >= float32.
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    logprobs = logprobs.to(dtype)
+    old_logprobs, advantages, rollout_logprobs, ref_logprobs, entropy = (
+        None if t is None else t.to(dtype)
+        for t in (old_logprobs, advantages, rollout_logprobs, ref_logprobs, entropy)
+    )
     old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
     local_tokens, local_seqs = count_loss_units(mask)
     num_tokens = local_tokens if num_tokens is None else num_tokens
