@@ -100,6 +100,7 @@ class RunningServer:
     url: str
     server: Any
     runner: Any
+    token: str = TOKEN
 
     async def stop(self) -> None:
         await self.runner.cleanup()
@@ -121,11 +122,23 @@ async def start_server(**config: Any) -> RunningServer:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[RunningServer]:
+async def make_server() -> AsyncIterator[Callable[..., Awaitable[RunningServer]]]:
+    """``await make_server(**config)``: a server on loopback, stopped at the end of the test."""
+    servers: list[RunningServer] = []
+
+    async def make(**config: Any) -> RunningServer:
+        servers.append(await start_server(**config))
+        return servers[-1]
+
+    yield make
+    for running in servers:
+        await running.stop()
+
+
+@pytest.fixture
+async def server(make_server) -> RunningServer:
     """A sandbox server with default settings."""
-    running = await start_server()
-    yield running
-    await running.stop()
+    return await make_server()
 
 
 @pytest.fixture(params=backend_params())
