@@ -52,11 +52,23 @@ def test_grpo_hand_computed_group():
     assert got[0].tolist() == pytest.approx([expected, -expected, -expected, expected])
 
 
-def test_grpo_all_equal_rewards_give_exactly_zero():
-    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.3, 0.3, 0.3, 0.3]])
-    for normalize in (True, False):
-        got = grpo_advantages(rewards, normalize_std=normalize)
-        assert torch.equal(got, torch.zeros_like(rewards))
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        grpo_advantages,
+        dr_grpo_advantages,
+        rloo_advantages,
+        reinforce_plus_plus_baseline_advantages,
+    ],
+)
+def test_all_equal_rewards_in_a_group_give_exactly_zero(estimator):
+    # 1/3 repeated 16 times has a float32 mean one ulp off 1/3; the advantage must still be 0
+    for size in range(2, 17):
+        for value in (1 / 3, 0.1, 0.7, 1.0, 0.0, -2.5):
+            rewards = torch.full((2, size), value)
+            rewards[1] = 1.0  # a second constant group beside it
+            got = estimator(rewards)
+            assert torch.equal(got, torch.zeros_like(rewards)), (size, value, got)
 
 
 def test_dr_grpo_is_mean_centred_without_std():

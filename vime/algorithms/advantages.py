@@ -29,6 +29,13 @@ def _check_groups(rewards: Tensor, min_size: int, name: str) -> None:
         )
 
 
+def _centre(rewards: Tensor, baseline: Tensor) -> Tensor:
+    """``rewards - baseline``, exactly 0 in groups whose rewards are all equal (a float mean
+    of equal values can be off by one ulp, which the std division would blow up)."""
+    constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(rewards), rewards - baseline)
+
+
 def grpo_advantages(rewards: Tensor, *, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
     """GRPO advantages (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
@@ -39,7 +46,7 @@ def grpo_advantages(rewards: Tensor, *, normalize_std: bool = True, eps: float =
     R1-Zero-Like Training", arXiv:2503.20783): ``A_i = r_i - mean(r)``.
     """
     _check_groups(rewards, 2, "grpo_advantages")
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    centred = _centre(rewards, rewards.mean(dim=1, keepdim=True))
     if not normalize_std:
         return centred
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
@@ -64,7 +71,7 @@ def rloo_advantages(rewards: Tensor) -> Tensor:
     _check_groups(rewards, 2, "rloo_advantages")
     n = rewards.shape[1]
     others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (n - 1)
-    return rewards - others_mean
+    return _centre(rewards, others_mean)
 
 
 def reinforce_plus_plus_advantages(rewards: Tensor, *, eps: float = 1e-6) -> Tensor:
@@ -90,7 +97,7 @@ def reinforce_plus_plus_baseline_advantages(rewards: Tensor, *, eps: float = 1e-
     ``a_i = r_i - mean_group(r)``, ``A_i = (a_i - mean_batch(a)) / (std_batch(a) + eps)``.
     """
     _check_groups(rewards, 2, "reinforce_plus_plus_baseline_advantages")
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    centred = _centre(rewards, rewards.mean(dim=1, keepdim=True))
     return (centred - centred.mean()) / (centred.std() + eps)
 
 
