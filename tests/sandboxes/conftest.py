@@ -148,18 +148,23 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def make_sandbox(backend: str) -> AsyncIterator[Callable[..., Awaitable[Sandbox]]]:
+async def backend_options(backend: str, make_server) -> dict[str, Any]:
+    """Options ``create(backend, ...)`` needs here: for ``remote``, a server's url and token."""
+    if backend == "remote":
+        running = await make_server()
+        return {"url": running.url, "token": running.token}
+    return {}
+
+
+@pytest.fixture
+async def make_sandbox(
+    backend: str, backend_options: dict[str, Any]
+) -> AsyncIterator[Callable[..., Awaitable[Sandbox]]]:
     """``await make_sandbox(**limits)``: a started sandbox of ``backend``, closed at the end."""
     boxes: list[Sandbox] = []
-    servers: list[RunningServer] = []
 
     async def make(**options: Any) -> Sandbox:
-        if backend == "remote":
-            if not servers:
-                servers.append(await start_server())
-            box = create("remote", url=servers[0].url, token=TOKEN, **options)
-        else:
-            box = create(backend, **options)
+        box = create(backend, **backend_options, **options)
         boxes.append(box)
         await box.start()
         return box
@@ -167,5 +172,3 @@ async def make_sandbox(backend: str) -> AsyncIterator[Callable[..., Awaitable[Sa
     yield make
     for box in boxes:
         await box.close()
-    for running in servers:
-        await running.stop()
