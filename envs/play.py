@@ -51,9 +51,9 @@ def describe_tools(schemas: list[dict[str, Any]]) -> list[str]:
 class Terminal:
     """Where play reads the person's input and writes the transcript."""
 
-    def __init__(self, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout):
-        self.stdin, self.stdout = stdin, stdout
-        self.interactive = stdin.isatty() and stdout.isatty()
+    def __init__(self, stdin: TextIO | None = None, stdout: TextIO | None = None):
+        self.stdin, self.stdout = stdin or sys.stdin, stdout or sys.stdout
+        self.interactive = self.stdin.isatty() and self.stdout.isatty()
 
     def write(self, text: str = "") -> None:
         """Print a line."""
@@ -93,7 +93,10 @@ def _show(term: Terminal, messages: list[Message]) -> None:
 
 
 def _metrics(info: dict[str, Any]) -> str:
-    shown = [f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v!r}" for k, v in info.items()]
+    shown = [
+        f"{k}={v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else f"{k}={v!r}"
+        for k, v in info.items()
+    ]
     return ", ".join(shown) or "-"
 
 

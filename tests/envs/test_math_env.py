@@ -1,0 +1,140 @@
+"""vime/Math-v0: grading with math-verify, task sources and the arithmetic generator."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from vime.envs.arithmetic import arithmetic_task
+
+import vime
+from vime.data import TaskFileError
+from vime.errors import EnvError
+
+HALF = {"id": "half", "question": "What is 1 divided by 2?", "answer": "\\frac{1}{2}"}
+
+
+def answer(env, text, task=HALF):
+    env.reset(seed=0, options={"task": task})
+    return env.step(text)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "The answer is \\boxed{\\frac{1}{2}}.",
+        "So it is \\boxed{0.5}",
+        "half of one is 1/2",
+        "We get \\boxed{\\dfrac{2}{4}}",
+    ],
+)
+def test_equivalent_forms_of_the_answer_score_one(reply):
+    observation, reward, terminated, truncated, info = answer(vime.make("vime/Math-v0"), reply)
+    assert (observation, reward, terminated, truncated) == ([], 1.0, True, False)
+    assert info["correct"] == 1.0 and info["task_id"] == "half"
+
+
+def test_boxed_answer_wins_over_later_numbers():
+    reply = "\\boxed{0.5} is my answer; I checked it 3 times"
+    assert answer(vime.make("vime/Math-v0"), reply)[1] == 1.0
+
+
+@pytest.mark.parametrize(("reply", "extracted"), [("\\boxed{2}", "2"), ("I do not know", "")])
+def test_wrong_or_missing_answers_score_zero(reply, extracted):
+    _, reward, terminated, _, info = answer(vime.make("vime/Math-v0"), reply)
+    assert (reward, terminated) == (0.0, True)
+    assert info["correct"] == 0.0 and info["extracted_answer"] == extracted
+
+
+def test_prompt_is_a_system_then_a_user_message():
+    observation, info = vime.make("vime/Math-v0").reset(seed=0, options={"task": HALF})
+    assert observation == [
+        {"role": "system", "content": "Solve the problem. Put your final answer in \\boxed{}."},
+        {"role": "user", "content": "What is 1 divided by 2?"},
+    ]
+    assert info == {"task_id": "half"}
+    assert vime.make("vime/Math-v0", system_prompt=None).reset(options={"task": HALF})[0] == [
+        {"role": "user", "content": "What is 1 divided by 2?"}
+    ]
+
+
+def test_tasks_from_jsonl_and_parquet_are_drawn_with_the_seed(tmp_path):
+    rows = [
+        {"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(20)
+    ]
+    jsonl = tmp_path / "tasks.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows))
+    parquet = tmp_path / "tasks.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    for path in (jsonl, parquet):
+        env = vime.make("vime/Math-v0", tasks=str(path))
+        drawn = [env.reset(seed=s)[1]["task_id"] for s in range(10)]
+        assert drawn == [env.reset(seed=s)[1]["task_id"] for s in range(10)]
+        assert len(set(drawn)) > 3 and set(drawn) <= {r["id"] for r in rows}
+        task = next(r for r in rows if r["id"] == env.task["id"])
+        assert env.step(f"\\boxed{{{task['answer']}}}")[1] == 1.0
+
+
+def test_a_task_file_without_answers_is_rejected_with_its_line(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "a", "question": "q", "answer": "1"}\n{"id": "b", "question": "q"}\n')
+    with pytest.raises(TaskFileError, match=rf"{path}:2 \(id 'b'\): missing key\(s\) \['answer'\]"):
+        vime.make("vime/Math-v0", tasks=str(path))
+
+
+def test_a_task_option_without_a_question_is_rejected():
+    with pytest.raises(TaskFileError, match=r"missing key\(s\) \['question'\]"):
+        vime.make("vime/Math-v0").reset(options={"task": {"id": "x", "answer": "1"}})
+
+
+def test_unknown_difficulty_is_rejected():
+    with pytest.raises(ValueError, match="unknown difficulty 'trivial'; choose one of"):
+        vime.make("vime/Math-v0", difficulty="trivial")
+
+
+def test_easy_tasks_are_one_digit_sums_with_right_answers():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        task = arithmetic_task(rng, "easy")
+        a, b = map(int, re.fullmatch(r"What is (\d) \+ (\d)\?", task["question"]).groups())
+        assert task["answer"] == str(a + b) and task["id"] == f"arith-easy-{a}+{b}"
+
+
+def test_medium_and_hard_tasks_have_the_right_shape():
+    rng = np.random.default_rng(1)
+    medium = [arithmetic_task(rng, "medium") for _ in range(60)]
+    hard = [arithmetic_task(rng, "hard") for _ in range(60)]
+    assert all(re.fullmatch(r"What is \d+ [+\-×] \d+\?", t["question"]) for t in medium)
+    assert all("(" in t["question"] and len(re.findall(r"\d+", t["question"])) == 3 for t in hard)
+    assert any(int(t["answer"]) < 0 for t in medium + hard)
+    assert np.mean([abs(int(t["answer"])) for t in hard]) > 5 * 10
+
+
+def test_generated_questions_repeat_with_the_seed_and_vary_across_seeds():
+    env = vime.make("vime/Math-v0", difficulty="medium")
+    first = [env.reset(seed=s)[0][1]["content"] for s in range(8)]
+    assert first == [env.reset(seed=s)[0][1]["content"] for s in range(8)]
+    assert len(set(first)) >= 6
+
+
+def test_generated_answers_are_graded_right():
+    env = vime.make("vime/Math-v0", difficulty="hard")
+    for seed in range(5):
+        env.reset(seed=seed)
+        assert env.step(f"\\boxed{{{env.task['answer']}}}")[1] == 1.0
+
+
+async def test_grading_works_in_the_env_thread_pool():
+    # math-verify's own timeouts use SIGALRM, which only works in the main thread
+    env = vime.make("vime/Math-v0")
+    await env.areset(seed=0, options={"task": HALF})
+    assert (await env.astep("\\boxed{1/2}"))[1] == 1.0
+
+
+def test_step_before_reset_is_an_error():
+    with pytest.raises(EnvError, match="call reset\\(\\) before step\\(\\)"):
+        vime.make("vime/Math-v0").step("1")
