@@ -1,0 +1,156 @@
+"""The tool-call parser interface: the text a model wrote becomes content plus ToolCalls, each
+``ok`` or ``malformed``, and parsing never raises."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from vime.types import Message, ToolCall
+
+log = logging.getLogger(__name__)
+
+_DECODER = json.JSONDecoder()
+
+
+@dataclasses.dataclass(frozen=True)
+class ParseResult:
+    """What a parser found: the text outside tool calls, the calls in order, and the input."""
+
+    content: str
+    calls: list[ToolCall]
+    raw: str
+
+    @property
+    def num_malformed(self) -> int:
+        """How many calls could not be parsed."""
+        return sum(c.status == "malformed" for c in self.calls)
+
+
+class ToolCallParser(abc.ABC):
+    """Reads one model family's tool-call syntax; subclasses implement ``_parse`` and ``render``.
+
+    ``parse`` never raises. Call ids are ``call_0``, ``call_1``, ... in order within a message,
+    so the same text always gives the same trajectory.
+    """
+
+    name: str = ""
+
+    def parse(self, text: str | None, *, tools: Iterable[Any] | None = None) -> ParseResult:
+        """Split ``text`` into content and tool calls.
+
+        ``tools`` (OpenAI tool schemas or objects with a ``.schema``) is optional; formats whose
+        argument values are untyped text use it to keep string parameters as strings.
+        """
+        text = "" if text is None else str(text)
+        try:
+            content, calls = self._parse(text, string_parameters(tools))
+        except Exception:  # a parser bug must not end a rollout; the text is kept as content
+            log.warning(
+                "tool-call parser %r failed; keeping the text as content", self.name, exc_info=True
+            )
+            return ParseResult(text.strip(), [], text)
+        calls = [dataclasses.replace(c, id=f"call_{i}") for i, c in enumerate(calls)]
+        return ParseResult(content, calls, text)
+
+    @abc.abstractmethod
+    def _parse(
+        self, text: str, string_params: Mapping[str, set[str]]
+    ) -> tuple[str, list[ToolCall]]:
+        """Return (content, calls) for ``text``; ids are assigned by ``parse``."""
+
+    @abc.abstractmethod
+    def render(self, calls: Sequence[ToolCall]) -> str:
+        """Write ``calls`` (name and arguments) the way this model family emits them."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def string_parameters(tools: Iterable[Any] | None) -> dict[str, set[str]]:
+    """For each tool, the parameters whose schema is a string (or an optional string)."""
+    found: dict[str, set[str]] = {}
+    for t in tools or ():
+        schema = getattr(t, "schema", t)
+        fn = schema.get("function", schema) if isinstance(schema, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            continue
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        found[fn["name"]] = {
+            k for k, s in props.items() if isinstance(s, Mapping) and _is_string(s)
+        }
+    return found
+
+
+def _is_string(schema: Mapping[str, Any]) -> bool:
+    options = schema.get("anyOf") or [schema]
+    types = {o.get("type") for o in options if isinstance(o, Mapping)}
+    return "string" in types and types <= {"string", "null"}
+
+
+def call_from_object(obj: Any, raw: str, argument_keys: Sequence[str]) -> ToolCall:
+    """A ToolCall from a decoded ``{"name": ..., <argument key>: {...}}`` object, or a malformed
+    one saying what is wrong. Arguments encoded as a JSON string are decoded; absent ones are {}."""
+    if not isinstance(obj, dict):
+        return malformed(raw, f"expected a JSON object with a 'name', got a {type(obj).__name__}")
+    name = obj.get("name")
+    if "name" not in obj:
+        keys = ", ".join(map(repr, obj)) or "none"
+        return malformed(raw, f"the call has no 'name' (keys: {keys})")
+    if not isinstance(name, str) or not name:
+        return malformed(raw, f"'name' must be a non-empty string, got {json.dumps(name)[:40]}")
+    key = next((k for k in argument_keys if k in obj), None)
+    args = obj.get(key) if key else {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError as e:
+            return malformed(
+                raw, f"'{key}' of {name!r} is a string that is not valid JSON ({e})", name
+            )
+    if not isinstance(args, dict):
+        return malformed(
+            raw, f"'{key}' of {name!r} must be a JSON object, got a {type(args).__name__}", name
+        )
+    return ToolCall(name, args, raw=raw)
+
+
+def malformed(raw: str, error: str, name: str = "") -> ToolCall:
+    """A call that looked intended but could not be read."""
+    return ToolCall(name, {}, status="malformed", raw=raw, error=error)
+
+
+def decode_json_at(text: str, index: int) -> tuple[Any, int] | None:
+    """Decode one JSON value starting at ``text[index]``; None when there is none."""
+    try:
+        return _DECODER.raw_decode(text, index)
+    except ValueError:
+        return None
+
+
+def skip_space(text: str, index: int, extra: str = "") -> int:
+    """Index of the first character at or after ``index`` that is not whitespace or in ``extra``."""
+    while index < len(text) and (text[index].isspace() or text[index] in extra):
+        index += 1
+    return index
+
+
+def to_assistant_message(result: ParseResult) -> Message:
+    """The OpenAI assistant message for a parse: content plus every call in ``tool_calls``.
+
+    Malformed calls carry their raw text as the arguments string, so the record keeps what the
+    model wrote; ``result.calls`` (not a re-read of this message) holds their status.
+    """
+    message: Message = {"role": "assistant", "content": result.content}
+    if result.calls:
+        message["tool_calls"] = [
+            c.to_openai()
+            if c.status == "ok"
+            else {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw}}
+            for c in result.calls
+        ]
+    return message
