@@ -4,7 +4,7 @@ handled as configured (mask the unprovable sampled ids, or split into samples)."
 from __future__ import annotations
 
 import pytest
-from conftest import CountingEnv
+from counting_env import CountingEnv
 from vime.agents import AgentConfig, ChatTemplateRenderer, TrajectoryBuilder, run, training_samples
 
 from vime.rollout.stub_server import ByteTokenizer, StubServer, counting_tool_policy

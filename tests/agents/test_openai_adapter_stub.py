@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from conftest import CountingEnv
+from counting_env import CountingEnv
 from vime.agents import AgentConfig, run, run_openai_agent
 
 from vime.types import Status

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CountingEnv
+from counting_env import CountingEnv
 from vime.agents import AgentConfig, run
 
 from vime.rollout.stub_server import stub_logprob

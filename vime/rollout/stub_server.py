@@ -124,7 +124,8 @@ class StubServer:
     """An aiohttp app serving ``/v1/chat/completions``, ``/v1/completions`` and
     ``/v1/models``. ``policy(prompt_text) -> reply_text`` decides every answer; the reply is
     followed by the tokenizer's EOS id unless it hits ``max_tokens``. ``weight_version`` is
-    reported in each response (``weight_version`` field, as Vime's engines do).
+    reported in each response (``weight_version`` field, as Vime's engines do). ``delay``
+    (seconds, or a function of the prompt text) simulates generation time.
     """
 
     def __init__(
@@ -134,7 +135,7 @@ class StubServer:
         *,
         model: str = "stub",
         weight_version: int = 0,
-        delay: float = 0.0,
+        delay: float | Callable[[str], float] = 0.0,
     ) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
         self.policy = policy or counting_tool_policy()
@@ -143,8 +144,21 @@ class StubServer:
         self.delay = delay
         self.requests: list[dict] = []
         self.record_requests = False
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.url = ""
         self._runner: Any = None
+
+    async def _wait(self, prompt: str) -> None:
+        """Hold the request for the configured delay, counting requests in flight."""
+        delay = self.delay(prompt) if callable(self.delay) else self.delay
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+        finally:
+            self.in_flight -= 1
 
     def _complete(
         self, prompt_ids: list[int], max_tokens: int | None
@@ -163,12 +177,12 @@ class StubServer:
         body = await request.json()
         if self.record_requests:
             self.requests.append(body)
-        if self.delay:
-            await asyncio.sleep(self.delay)
         text = self.tokenizer.apply_chat_template(
             body["messages"], tools=body.get("tools"), tokenize=False, add_generation_prompt=True
         )
         prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        version = self.weight_version  # the weights the request started under
+        await self._wait(text)
         ids, reply, finish = self._complete(prompt_ids, body.get("max_tokens"))
         start = len(prompt_ids)
         logprobs = [
@@ -201,7 +215,7 @@ class StubServer:
                     "completion_tokens": len(ids),
                     "total_tokens": start + len(ids),
                 },
-                "weight_version": self.weight_version,
+                "weight_version": version,
             }
         )
 
@@ -211,10 +225,11 @@ class StubServer:
         body = await request.json()
         if self.record_requests:
             self.requests.append(body)
-        if self.delay:
-            await asyncio.sleep(self.delay)
         prompt = body["prompt"]
         prompt_ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+        version = self.weight_version  # the weights the request started under
+        if self.delay:
+            await self._wait(self.tokenizer.decode(prompt_ids))
         ids, reply, finish = self._complete(prompt_ids, body.get("max_tokens"))
         start = len(prompt_ids)
         return web.json_response(
@@ -245,7 +260,7 @@ class StubServer:
                     "completion_tokens": len(ids),
                     "total_tokens": start + len(ids),
                 },
-                "weight_version": self.weight_version,
+                "weight_version": version,
             }
         )
 
