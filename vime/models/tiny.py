@@ -15,13 +15,15 @@ from vime.models.tokenizer import copy_tokenizer, smollm2_tokenizer_dir
 
 Family = Literal["llama", "qwen2", "qwen3"]
 FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
+HEAD_DIM = 32
 
 
 def _config(family: str, num_layers: int, hidden_size: int, vocab_size: int, ids: dict):
     """The transformers config of a tiny model of ``family``."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    heads = max(1, hidden_size // 16)
+    # vLLM's CPU attention supports head sizes 32, 64, 80, ...; 32 keeps the model tiny.
+    heads = hidden_size // HEAD_DIM
     common = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -40,10 +42,10 @@ def _config(family: str, num_layers: int, hidden_size: int, vocab_size: int, ids
         initializer_range=0.2,
     )
     if family == "llama":
-        return LlamaConfig(**common, head_dim=16)
+        return LlamaConfig(**common, head_dim=HEAD_DIM)
     if family == "qwen2":
         return Qwen2Config(**common)
-    return Qwen3Config(**common, head_dim=16)
+    return Qwen3Config(**common, head_dim=HEAD_DIM)
 
 
 def build_tiny_model(
@@ -62,8 +64,11 @@ def build_tiny_model(
         raise ConfigError(f"unknown tiny model family {family!r}; choose one of {FAMILIES}")
     if num_layers < 1:
         raise ConfigError(f"num_layers must be at least 1, got {num_layers}")
-    if hidden_size < 16 or hidden_size % 16:
-        raise ConfigError(f"hidden_size must be a positive multiple of 16, got {hidden_size}")
+    if hidden_size < HEAD_DIM or hidden_size % HEAD_DIM:
+        raise ConfigError(
+            f"hidden_size must be a positive multiple of {HEAD_DIM} (the head size vLLM's CPU "
+            f"attention supports), got {hidden_size}"
+        )
     import torch
     from transformers import AutoModelForCausalLM
 

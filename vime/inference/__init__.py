@@ -1,0 +1,1 @@
+"""Inference: vLLM engines behind vllm-router, the token-level client, weight updates, faults."""

