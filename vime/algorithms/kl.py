@@ -58,20 +58,28 @@ def kl_penalized_rewards(
     return (token_rewards - coef * kl) * mask.to(token_rewards.dtype)
 
 
-def _entropy_chunk(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(H, p, log p)`` of one chunk of rows, in float32 at least; p = 0 adds nothing."""
+def _log_softmax_chunk(logits: Tensor) -> Tensor:
+    """log-softmax of one chunk of rows in at least float32, with -inf (masked vocabulary
+    entries) raised to the dtype's lowest finite value so that ``p * log p`` is 0, not NaN."""
     logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    p = logp.exp()
-    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
-    return -plogp.sum(dim=-1), p, logp
+    return logp.clamp_(min=torch.finfo(logp.dtype).min)
 
 
 class _ChunkedEntropy(torch.autograd.Function):
-    """Entropy whose backward recomputes the softmax chunk by chunk instead of storing it."""
+    """Entropy whose backward recomputes the softmax chunk by chunk instead of storing it.
+
+    Each chunk works in place on two ``[chunk, V]`` buffers (log p and p), so the peak
+    extra memory is about two chunks plus the gradient of the logits.
+    """
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, chunk_size: int) -> Tensor:
-        entropy = torch.cat([_entropy_chunk(c)[0] for c in logits.split(chunk_size)])
+        parts = []
+        for chunk in logits.split(chunk_size):
+            logp = _log_softmax_chunk(chunk)
+            parts.append(-(logp.exp().mul_(logp)).sum(dim=-1))
+            del logp
+        entropy = torch.cat(parts)
         ctx.save_for_backward(logits, entropy)
         ctx.chunk_size = chunk_size
         return entropy
@@ -83,11 +91,12 @@ class _ChunkedEntropy(torch.autograd.Function):
         size = ctx.chunk_size
         for start in range(0, logits.shape[0], size):
             rows = slice(start, start + size)
-            _, p, logp = _entropy_chunk(logits[rows])
-            # dH/dz_j = -p_j (log p_j + H); p_j log p_j is 0 where p_j is 0
-            plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
-            local = -(plogp + p * entropy[rows, None]) * grad[rows, None]
-            out[rows] = local.to(out.dtype)
+            logp = _log_softmax_chunk(logits[rows])
+            # dH/dz_j = -p_j (log p_j + H)
+            local = logp.exp().mul_(logp.add_(entropy[rows, None])).mul_(-grad[rows, None])
+            del logp
+            out[rows] = local
+            del local
         return out, None
 
 
