@@ -1,0 +1,151 @@
+"""The docker backend without an engine: option and path checks, the output framing, owner
+labels, and the error when no engine answers."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+import pytest
+from vime.sandboxes import SandboxError, create
+from vime.sandboxes import docker as docker_backend
+from vime.sandboxes.docker import DockerSandbox
+
+
+@pytest.fixture
+def no_engine(monkeypatch, tmp_path):
+    """Point the backend at a socket where no engine listens."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    monkeypatch.setattr(docker_backend, "_client", None)
+
+
+def frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxI", stream, len(data)) + data
+
+
+async def test_without_an_engine_start_says_to_start_dockerd(no_engine):
+    box = create("docker")
+    with pytest.raises(SandboxError, match=r"no Docker engine answers .*start dockerd"):
+        await box.start()
+    await box.close()
+
+
+async def test_a_closed_sandbox_cannot_start_again(no_engine):
+    box = create("docker")
+    await box.close()
+    with pytest.raises(SandboxError, match="is closed; create a new one"):
+        await box.start()
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "/work/../etc/passwd", "a/../../x", ""])
+async def test_paths_outside_the_work_dir_are_refused_before_anything_runs(no_engine, path):
+    box = DockerSandbox()
+    with pytest.raises(SandboxError, match="outside the sandbox work dir"):
+        await box.write_file(path, "x")
+    with pytest.raises(SandboxError, match="outside the sandbox work dir"):
+        await box.read_file(path)
+
+
+def test_paths_under_work_are_taken_relative_to_it():
+    assert docker_backend._relative("/work/a/b.py") == "a/b.py"
+    assert docker_backend._relative("a/./b.py") == "a/b.py"
+
+
+@pytest.mark.parametrize("option", [{"cpus": 0}, {"work_bytes": -1}, {"tmp_bytes": True}])
+def test_bad_docker_options_are_refused(option):
+    (name,) = option
+    with pytest.raises(ValueError, match=f"option {name} must be positive"):
+        DockerSandbox(**option)
+
+
+def test_unknown_limits_are_refused():
+    with pytest.raises(TypeError, match="unknown sandbox limit"):
+        create("docker", memory=1 << 30)
+
+
+def test_limit_keywords_override_the_defaults():
+    box = create("docker", timeout=5, memory_bytes=256 << 20)
+    assert (box.limits.timeout, box.limits.memory_bytes) == (5, 256 << 20)
+    assert box.limits.max_processes == 256
+
+
+async def test_a_non_positive_timeout_is_refused(no_engine):
+    with pytest.raises(ValueError, match="timeout must be positive, got 0"):
+        await DockerSandbox().run("true", timeout=0)
+
+
+def test_files_travel_as_a_tar_of_relative_paths():
+    archive = docker_backend._tar({"main.py": "print(1)", "/work/data/in.bin": b"\x00\x01"})
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        contents = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert contents == {"main.py": b"print(1)", "data/in.bin": b"\x00\x01"}
+
+
+def test_this_process_owns_its_tag_and_a_dead_process_does_not():
+    assert not docker_backend._owner_dead(docker_backend.owner_tag())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    host = socket.gethostname()
+    assert docker_backend._owner_dead(f"{host}:{child.pid}:0")
+    # Same pid, other start time: the pid was reused by another process.
+    assert docker_backend._owner_dead(f"{host}:{os.getpid()}:1")
+
+
+def test_sandboxes_of_other_hosts_are_never_judged_dead():
+    assert not docker_backend._owner_dead(f"not-{socket.gethostname()}:1:0")
+    assert not docker_backend._owner_dead("")
+
+
+def pump(chunks: list[bytes], cap: int, deadline: float = 5.0):
+    ours, theirs = socket.socketpair()
+    out, err = docker_backend._Capture(cap), docker_backend._Capture(cap)
+
+    def feed() -> None:
+        for chunk in chunks:
+            theirs.sendall(chunk)
+        theirs.close()
+
+    threading.Thread(target=feed).start()
+    try:
+        end = time.monotonic() + deadline
+        outcome = docker_backend._pump(ours, out, err, end, threading.Event(), "unused")
+    finally:
+        ours.close()
+    return outcome, out, err
+
+
+def test_docker_output_frames_are_split_into_stdout_and_stderr():
+    stream = frame(1, b"hello ") + frame(2, b"oops\n") + frame(1, b"world\n")
+    # Cut the bytes mid-header and mid-payload: frames may straddle reads.
+    outcome, out, err = pump([stream[:3], stream[3:17], stream[17:]], cap=1 << 20)
+    assert outcome == "eof"
+    assert (out.text(), err.text()) == ("hello world\n", "oops\n")
+    assert not (out.dropped or err.dropped)
+
+
+def test_output_beyond_the_cap_is_dropped_and_flagged():
+    outcome, out, err = pump([frame(1, b"a" * 10), frame(1, b"b" * 10), frame(2, b"c")], cap=15)
+    assert outcome == "eof"
+    assert out.text() == "a" * 10 + "b" * 5
+    assert out.dropped
+    assert (err.text(), err.dropped) == ("c", False)
+
+
+def test_reading_stops_at_the_deadline_while_the_output_stays_open():
+    ours, theirs = socket.socketpair()
+    out, err = docker_backend._Capture(10), docker_backend._Capture(10)
+    started = time.monotonic()
+    try:
+        outcome = docker_backend._pump(ours, out, err, started + 0.3, threading.Event(), "x")
+    finally:
+        ours.close()
+        theirs.close()
+    assert outcome == "deadline"
+    assert 0.3 <= time.monotonic() - started < 1.0
