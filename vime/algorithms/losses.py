@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 # exp() of a log-ratio above this overflows float32 gradients; such tokens are clipped anyway.
