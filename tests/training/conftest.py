@@ -1,0 +1,26 @@
+"""Fixtures for trainer tests: tiny HF model folders built offline, and batches on them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, hidden-64 random Llama (tied embeddings) with SmolLM2's tokenizer."""
+    from vime.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", family="llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def untied_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 with its own lm_head (untied), small vocab, no tokenizer."""
+    from trainer_data import build_untied_qwen3
+
+    return build_untied_qwen3(tmp_path_factory.mktemp("untied") / "qwen3")

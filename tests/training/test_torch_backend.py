@@ -1,0 +1,145 @@
+"""The torch trainer on a tiny CPU model: logprobs, packing, accumulation, learning, export."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from trainer_data import config, make_batch
+
+from vime.training import create_trainer
+from vime.training.batch import TrainBatch, TrainSample
+from vime.training.packing import plan_micro_batches
+from vime.training.torch_backend import TorchTrainer
+
+
+def reference_logprobs(model, token_ids: list[int]) -> torch.Tensor:
+    """log p(x_i | x_<i) of one unpacked sequence, from a plain HF forward."""
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0]
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return torch.cat([torch.zeros(1, dtype=torch.float64), lp])
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "untied_qwen3"])
+def test_packed_logprobs_equal_per_sequence_logprobs(model, request):
+    folder = request.getfixturevalue(model)
+    batch = make_batch(0)
+    budget = 80
+    plan = plan_micro_batches([s.num_tokens for s in batch], budget)[0]
+    assert any(len(mb.indices) > 1 for mb in plan), "the test must pack sequences together"
+    trainer = TorchTrainer(config(folder, max_tokens_per_micro_batch=budget))
+    packed = trainer.compute_logprobs(batch)
+    assert [len(lp) for lp in packed] == [s.num_tokens for s in batch]
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
+    for sample, lp in zip(batch, packed, strict=True):
+        assert lp.dtype == torch.float32 and lp[0] == 0.0
+        ref = reference_logprobs(hf, sample.token_ids).float()
+        torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+
+
+def test_trainer_is_built_by_backend_name(untied_qwen3):
+    trainer = create_trainer(config(untied_qwen3))
+    assert isinstance(trainer, TorchTrainer) and trainer.weight_version == 0
+
+
+def test_gradient_accumulation_equals_one_big_batch(untied_qwen3):
+    batch = make_batch(1)
+    # adam_eps = 1 makes the first update g / (|g| + 1): smooth in the gradient, so equal
+    # parameters afterwards mean equal gradients (a tiny eps would amplify rounding noise
+    # of near-zero gradients into whole-lr differences).
+    common = dict(lr=1.0, adam_eps=1.0, clip_grad=0.0)
+    one = TorchTrainer(config(untied_qwen3, max_tokens_per_micro_batch=4096, **common))
+    many = TorchTrainer(config(untied_qwen3, max_tokens_per_micro_batch=40, **common))
+    m1, m2 = one.train_step(batch), many.train_step(batch)
+    assert m1["num_micro_batches"] == 1.0 and m2["num_micro_batches"] >= 3.0
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+    assert m2["loss"] == pytest.approx(m1["loss"], abs=1e-6)
+    for (name, a), (_, b) in zip(
+        one.model.named_parameters(), many.model.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+
+
+def test_policy_loss_falls_and_moves_logprobs_with_the_advantage(untied_qwen3):
+    from vime.algorithms.config import LossConfig
+
+    wide_clip = LossConfig(eps_clip=0.5, eps_clip_high=5.0)  # stay inside the trust region
+    trainer = TorchTrainer(config(untied_qwen3, lr=5e-4), wide_clip)
+    start = trainer.compute_logprobs(make_batch(2))
+    batch = make_batch(2, logprobs=start)
+    for s, lp in zip(batch, start, strict=True):  # PPO ratios against the starting policy
+        s.old_logprobs = [float(x) * m for x, m in zip(lp.tolist(), s.loss_mask, strict=True)]
+    losses = [trainer.train_step(batch)["loss"] for _ in range(5)]
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
+    assert losses[-1] < losses[0] - 0.05
+    end = trainer.compute_logprobs(batch)
+    for s, a, b in zip(batch, start, end, strict=True):
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        change = float((b - a)[mask].mean())
+        assert change * s.advantages[-1] > 0, (s.sample_id, change)
+    assert trainer.weight_version == 5
+
+
+def test_step_metrics_report_loss_norm_lr_and_mismatch(untied_qwen3):
+    trainer = TorchTrainer(config(untied_qwen3, lr=2e-3, lr_warmup_iters=2))
+    logprobs = trainer.compute_logprobs(make_batch(3))
+    metrics = trainer.train_step(make_batch(3, logprobs=logprobs))
+    assert metrics["lr"] == pytest.approx(1e-3)  # first of two warmup steps
+    assert metrics["num_loss_tokens"] == make_batch(3).num_loss_tokens
+    # Rollout logprobs are this very policy's: no mismatch, ratio 1, nothing clipped.
+    assert metrics["mismatch/abs_diff_max"] < 1e-5
+    assert metrics["policy/ratio_mean"] == pytest.approx(1.0)
+    assert metrics["policy/clipfrac_high"] == 0.0
+    assert 0.0 < metrics["policy/entropy"] <= torch.log(torch.tensor(384.0)).item()
+    assert metrics["grad_norm"] > 0 and metrics["tokens_per_s"] > 0
+
+
+def test_mixed_presence_of_old_logprobs_is_an_error(untied_qwen3):
+    trainer = TorchTrainer(config(untied_qwen3, max_tokens_per_micro_batch=4096))
+    batch = make_batch(4, num_samples=2)
+    batch[0].old_logprobs = list(batch[0].rollout_logprobs)
+    with pytest.raises(ValueError, match="some samples have old_logprobs and some do not"):
+        trainer.train_step(batch)
+
+
+def test_batch_without_loss_tokens_is_refused(untied_qwen3):
+    trainer = TorchTrainer(config(untied_qwen3))
+    empty = TrainBatch([TrainSample([1, 2], [0, 0], [0.0, 0.0], [0.0, 0.0])])
+    with pytest.raises(ValueError, match="none of the 1 samples has a token with loss_mask 1"):
+        trainer.train_step(empty)
+
+
+def test_bf16_compute_stays_close_to_fp32(untied_qwen3):
+    batch = make_batch(5, num_samples=2)
+    fp32 = TorchTrainer(config(untied_qwen3)).compute_logprobs(batch)
+    bf16 = TorchTrainer(config(untied_qwen3, dtype="bfloat16")).compute_logprobs(batch)
+    for a, b in zip(fp32, bf16, strict=True):
+        assert b.dtype == torch.float32
+        assert 0 < float((a - b).abs().max()) < 0.5
+
+
+def test_export_names_and_tensors_equal_the_hf_checkpoint(tiny_llama, untied_qwen3):
+    from safetensors.torch import load_file
+
+    for folder in (tiny_llama, untied_qwen3):
+        hf = load_file(folder / "model.safetensors")
+        trainer = TorchTrainer(config(folder))
+        buckets = list(trainer.export_weights(bucket_bytes=200_000))
+        exported = [item for bucket in buckets for item in bucket]
+        assert sorted(name for name, _ in exported) == sorted(hf)
+        for name, tensor in exported:
+            torch.testing.assert_close(tensor, hf[name], atol=0, rtol=0, msg=name)
+        for bucket in buckets:  # a bucket exceeds the budget only to hold one big tensor
+            size = sum(t.numel() * t.element_size() for _, t in bucket)
+            assert size <= 200_000 or len(bucket) == 1
+    assert "lm_head.weight" in hf and len(buckets) > 1
+
+
+def test_export_rejects_a_non_positive_bucket(untied_qwen3):
+    with pytest.raises(ValueError, match="bucket_bytes must be > 0, got 0"):
+        next(TorchTrainer(config(untied_qwen3)).export_weights(bucket_bytes=0))

@@ -1,0 +1,179 @@
+"""Atomic checkpoint folders: files are written to a temporary sibling, fsynced, then renamed.
+
+A manifest written last lists every file with its size, so a folder without a valid manifest
+(an interrupted copy, a truncated file) is refused with a clear :class:`CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vime.errors import VimeError
+
+MANIFEST = "vime_checkpoint.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(VimeError):
+    """A checkpoint folder is missing, incomplete or unreadable."""
+
+
+def temp_dir_for(target: Path) -> Path:
+    """The temporary sibling a checkpoint of ``target`` is written into (same filesystem)."""
+    return target.parent / f".{target.name}.tmp"
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file or a directory entry to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def prepare_temp_dir(target: Path) -> Path:
+    """Create an empty temporary folder for ``target`` (removing a leftover of a crash)."""
+    tmp = temp_dir_for(target)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_manifest(tmp: Path, meta: dict[str, Any]) -> None:
+    """Write the manifest (sizes of every file in ``tmp`` plus ``meta``) and fsync everything."""
+    files = {}
+    for f in sorted(tmp.iterdir()):
+        if f.is_file() and f.name != MANIFEST:
+            fsync_path(f)
+            files[f.name] = f.stat().st_size
+    manifest = {"format_version": FORMAT_VERSION, "files": files, **meta}
+    path = tmp / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    fsync_path(path)
+    fsync_path(tmp)
+
+
+def commit(tmp: Path, target: Path) -> None:
+    """Move the finished ``tmp`` folder to ``target``, replacing an older checkpoint there."""
+    old = target.parent / f".{target.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        os.rename(target, old)
+    os.rename(tmp, target)
+    fsync_path(target.parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def abort(target: Path) -> None:
+    """Remove the temporary folder of a failed save; ``target`` is left as it was."""
+    shutil.rmtree(temp_dir_for(target), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_checkpoint(target: str | Path, meta: dict[str, Any]) -> Iterator[Path]:
+    """Yield a temporary folder to write into; on success it becomes ``target`` atomically.
+
+    On an exception the temporary folder is removed and the previous checkpoint at ``target``
+    (if any) is untouched.
+    """
+    target = Path(target).absolute()
+    tmp = prepare_temp_dir(target)
+    try:
+        yield tmp
+        write_manifest(tmp, meta)
+    except BaseException:
+        abort(target)
+        raise
+    commit(tmp, target)
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of a complete checkpoint; raises ``CheckpointError`` if it is not one."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        hint = ""
+        if temp_dir_for(directory.absolute()).exists():
+            hint = " (a temporary folder of an interrupted save exists next to it)"
+        raise CheckpointError(f"checkpoint {str(directory)!r} does not exist{hint}")
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{str(directory)!r} is not a Vime checkpoint: {MANIFEST} is missing (was the save "
+            "interrupted, or is this an HF model folder? load HF weights with --hf-checkpoint)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {str(path)!r}: {exc}") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{str(path)!r} has format_version {manifest.get('format_version')!r}; this Vime "
+            f"reads version {FORMAT_VERSION}"
+        )
+    for name, size in manifest.get("files", {}).items():
+        f = directory / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {str(directory)!r} is missing {name!r}")
+        if f.stat().st_size != size:
+            raise CheckpointError(
+                f"checkpoint file {str(f)!r} has {f.stat().st_size} bytes, the manifest says "
+                f"{size}: the checkpoint is corrupt"
+            )
+    return manifest
+
+
+def save_object(obj: Any, path: Path) -> None:
+    """``torch.save`` an object."""
+    import torch
+
+    torch.save(obj, path)
+
+
+def load_object(path: Path) -> Any:
+    """``torch.load`` a file written by :func:`save_object`, as ``CheckpointError`` on failure."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is missing") from None
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is unreadable: {exc}") from exc
+
+
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's (CPU and CUDA) generators."""
+    import numpy as np
+    import torch
+
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`."""
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
