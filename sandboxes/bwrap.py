@@ -40,7 +40,7 @@ def find_tool(name: str) -> str:
     """Absolute path of the host program ``name``, or a SandboxError saying how to get it."""
     path = shutil.which(name, path=PATH)
     if path is None:
-        hint = INSTALL_HINT if name == "bwrap" else "install util-linux (it provides prlimit)"
+        hint = INSTALL_HINT if name == "bwrap" else f"install util-linux (it provides {name})"
         raise SandboxError(f"{name!r} was not found on {PATH}: {hint}")
     return path
 

@@ -28,7 +28,7 @@ UNISOLATED_WARNING = (
     "bubblewrap): model-written code can read and write your files, use the network and, as "
     "root, fork without limit. Only rlimits apply. Install bubblewrap for real isolation."
 )
-_probed: dict[tuple[str, str], str | None] = {}  # bwrap prefix -> error text, or None if it works
+_probed: dict[bool, str | None] = {}  # network on? -> bwrap's error text, or None if it works
 
 
 def _workdir_root(parent: str | None) -> Path:
@@ -101,19 +101,31 @@ class LocalSandbox(Sandbox):
         if self._switch_user:
             os.chown(workdir, self._uid, self._uid)
         if self.isolated:
-            self._prefix = bwrap.bwrap_prefix(
-                bwrap.find_tool("bwrap"),
-                workdir=str(workdir),
-                limits=self.limits,
-                uid=self._uid,
-                ro_binds=self._ro_binds,
-                env=self._env,
-            )
+            # setpriv, not Popen(user=...): the uid switch then happens after a vfork+exec, so
+            # each call costs the same however large this (trainer or env worker) process is.
+            switch = [
+                bwrap.find_tool("setpriv"),
+                f"--reuid={self._uid}",
+                f"--regid={self._uid}",
+                "--clear-groups",
+                "--",
+            ]
+            self._prefix = [
+                *(switch if self._switch_user else []),
+                *bwrap.bwrap_prefix(
+                    bwrap.find_tool("bwrap"),
+                    workdir=str(workdir),
+                    limits=self.limits,
+                    uid=self._uid,
+                    ro_binds=self._ro_binds,
+                    env=self._env,
+                ),
+            ]
             await self._probe()
 
     async def _probe(self) -> None:
         """Fail early, with bwrap's own words, where namespaces are not allowed."""
-        key = (self._prefix[0], str(self.limits.network))
+        key = self.limits.network
         if key not in _probed:
             result = await self._exec(["true"], timeout=30.0, stdin=None)
             _probed[key] = (
@@ -137,10 +149,7 @@ class LocalSandbox(Sandbox):
         assert self.workdir is not None
         marker = f"{self.id}/{next(self._calls)}"
         popen: dict[str, Any] = {}
-        if self.isolated:
-            if self._switch_user:
-                popen.update(user=self._uid, group=self._uid, extra_groups=[])
-        else:
+        if not self.isolated:
             env = {**bwrap.base_env(str(self.workdir)), **self._env, MARKER_VAR: marker}
             popen.update(cwd=self.workdir, env=env)
         return await run_process(
