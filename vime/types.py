@@ -45,7 +45,9 @@ class ToolCall:
 
         Never raises for model faults: arguments that are not a JSON object, or a missing name,
         give ``status="malformed"`` with ``error`` saying why and ``raw`` holding the arguments
-        text. An empty arguments string counts as ``{}``.
+        text. An empty arguments string counts as ``{}``. An entry marked ``"status":
+        "malformed"`` (as Vime's tool-call parsers write them) stays malformed with its
+        ``"error"``.
         """
         import json
 
@@ -72,6 +74,15 @@ class ToolCall:
             )
         name, args = fn.get("name"), fn.get("arguments")
         raw = args if isinstance(args, str) else json.dumps(args, default=repr)
+        if d.get("status") == "malformed":  # written by vime.tool_parsers.to_assistant_message
+            return cls(
+                str(name or ""),
+                {},
+                call_id,
+                "malformed",
+                raw,
+                str(d.get("error") or "malformed call"),
+            )
         if not isinstance(name, str) or not name:
             return cls(
                 "",

@@ -1,5 +1,7 @@
 """Hermes / Qwen ``<tool_call>`` parsing on the outputs models actually produce."""
 
+import dataclasses
+
 from vime.tool_parsers import get_parser, to_assistant_message
 from vime.types import ToolCall
 
@@ -98,7 +100,19 @@ def test_assistant_message_keeps_every_call():
                 "id": "call_1",
                 "type": "function",
                 "function": {"name": "", "arguments": "<tool_call>{bad</tool_call>"},
+                "status": "malformed",
+                "error": result.calls[1].error,
             },
         ],
     }
     assert to_assistant_message(parser.parse("plain")) == {"role": "assistant", "content": "plain"}
+
+
+def test_assistant_message_reads_back_to_the_same_calls():
+    text = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call><tool_call>{"name": "g", "arguments": 5}</tool_call>'
+    result = parser.parse(text)
+    message = to_assistant_message(result)
+    assert [ToolCall.from_openai(e) for e in message["tool_calls"]] == [
+        dataclasses.replace(result.calls[0], raw='{"x": 1}'),
+        result.calls[1],
+    ]

@@ -302,3 +302,28 @@ class Reading:
 )
 def test_results_are_turned_into_text_for_the_model(value, text):
     assert format_result(value) == text
+
+
+async def test_parser_errors_reach_the_model_through_the_assistant_message():
+    from vime.tool_parsers import get_parser, to_assistant_message
+
+    text = (
+        "<function=add><parameter=a>1</function><function=add><parameter=a>2</parameter></function>"
+    )
+    message = to_assistant_message(get_parser("xml").parse(text, tools=TOOLS))
+    outcomes = await execute_tool_calls(TOOLS, message["tool_calls"])
+    assert [(o.call.id, o.error_kind, o.content) for o in outcomes] == [
+        (
+            "call_0",
+            "malformed",
+            "Error: the call to tool 'add' could not be parsed: parameter 'a' has no closing </parameter>",
+        ),
+        ("call_1", None, "3"),
+    ]
+
+
+def test_vime_tool_is_this_decorator():
+    import vime
+
+    assert vime.tool is tool
+    assert vime.Tool is tools_module.Tool

@@ -142,15 +142,24 @@ def skip_space(text: str, index: int, extra: str = "") -> int:
 def to_assistant_message(result: ParseResult) -> Message:
     """The OpenAI assistant message for a parse: content plus every call in ``tool_calls``.
 
-    Malformed calls carry their raw text as the arguments string, so the record keeps what the
-    model wrote; ``result.calls`` (not a re-read of this message) holds their status.
+    A malformed call keeps the text the model wrote as its arguments string and adds
+    ``"status": "malformed"`` and ``"error"`` to its entry, so that
+    :meth:`vime.types.ToolCall.from_openai` reads it back as the same malformed call (vLLM
+    ignores the extra keys when the message is sent back in a conversation).
     """
     message: Message = {"role": "assistant", "content": result.content}
     if result.calls:
-        message["tool_calls"] = [
-            c.to_openai()
-            if c.status == "ok"
-            else {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw}}
-            for c in result.calls
-        ]
+        message["tool_calls"] = [_entry(c) for c in result.calls]
     return message
+
+
+def _entry(call: ToolCall) -> dict[str, Any]:
+    if call.status == "ok":
+        return call.to_openai()
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.raw},
+        "status": "malformed",
+        "error": call.error,
+    }
