@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import dataclasses
 import difflib
 import functools
@@ -16,6 +15,7 @@ import inspect
 import json
 import logging
 import re
+import sys
 import time
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -109,7 +109,10 @@ class Tool:
         self.timeout = timeout
         self.parameters, params, self._is_method, doc = describe_parameters(fn, name)
         self._params = {p.name: p for p in params}
-        text = "\n\n".join(s for s in (doc.short_description, doc.long_description) if s)
+        returns = (
+            f"Returns: {doc.returns.description}" if doc.returns and doc.returns.description else ""
+        )
+        text = "\n\n".join(s for s in (doc.short_description, doc.long_description, returns) if s)
         self.description = description if description is not None else text
         if not self.description:
             raise ValueError(
@@ -136,8 +139,8 @@ class Tool:
             instance = owner if owner is not None else type(instance)
         elif instance is None or not self._is_method:
             return self
-        bound = copy.copy(self)
-        bound._instance = instance
+        bound = object.__new__(Tool)
+        bound.__dict__.update(self.__dict__, _instance=instance)
         return bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -148,6 +151,18 @@ class Tool:
     def __repr__(self) -> str:
         bound = f" bound to {self._instance!r}" if self._instance is not None else ""
         return f"<Tool {self.name}{bound}>"
+
+    def __reduce__(self) -> Any:
+        # Pickle by reference like functions do: a bound tool as the attribute of its instance,
+        # a module-level tool by its qualified name, any other one rebuilt from its function.
+        if self._instance is not None:
+            return (getattr, (self._instance, self.__name__))
+        found: Any = sys.modules.get(self.__module__)
+        for part in self.__qualname__.split("."):
+            found = getattr(found, part, None)
+        if found is self:
+            return self.__qualname__
+        return (_rebuild_tool, (self.fn, self.name, self.description, self.timeout))
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Check and convert model-supplied arguments; raise ToolArgumentError listing every fault.
@@ -227,6 +242,12 @@ class Tool:
 
 
 _ABANDONED: set[asyncio.Task[Any]] = set()
+
+
+def _rebuild_tool(
+    fn: Callable[..., Any], name: str, description: str, timeout: float | None
+) -> Tool:
+    return Tool(fn, name=name, description=description, timeout=timeout)
 
 
 def tool(

@@ -261,3 +261,19 @@ def test_invalid_names_and_timeouts_are_rejected():
         tool(f, name="has space")
     with pytest.raises(ValueError, match="timeout must be positive"):
         tool(f, timeout=0)
+
+
+def test_returns_section_is_part_of_the_description():
+    @tool
+    def count(text: str) -> int:
+        """Count words.
+
+        Args:
+            text: Any text.
+
+        Returns:
+            The number of whitespace-separated words.
+        """
+        return len(text.split())
+
+    assert count.description == "Count words.\n\nReturns: The number of whitespace-separated words."
