@@ -42,6 +42,26 @@ def test_tis_hand_computed_and_detached():
         truncated_importance_weights(trainer, rollout, torch.ones(1, 3), cap=0)
 
 
+def test_sequence_mask_matches_loop_reference():
+    trainer, rollout, mask = _pair(2, b=40, t=6)
+    bounds = {"geo_low": 0.85, "geo_high": 1.2, "token_low": 0.4, "token_high": 2.5}
+    got = sequence_keep_mask(trainer, rollout, mask, **bounds)
+    for b in range(40):
+        logs = [trainer[b, t].item() - rollout[b, t].item() for t in range(6) if mask[b, t]]
+        if not logs:
+            assert got[b].item()
+            continue
+        geo = math.exp(sum(logs) / len(logs))
+        ratios = [math.exp(x) for x in logs]
+        expected = (
+            bounds["geo_low"] <= geo <= bounds["geo_high"]
+            and min(ratios) >= bounds["token_low"]
+            and max(ratios) <= bounds["token_high"]
+        )
+        assert got[b].item() == expected, b
+    assert 5 < int(got.sum()) < 35  # the bounds keep some sequences and drop others
+
+
 def test_sequence_mask_drops_by_geometric_mean_ratio():
     # per-token log-ratios; row 0 mean 0.05, row 1 mean 0.5, row 2 mean -0.5
     log_r = torch.tensor([[0.1, 0.0, 0.05], [0.5, 0.5, 0.5], [-0.5, -0.5, -0.5]], dtype=D)
