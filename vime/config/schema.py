@@ -67,12 +67,22 @@ def _argparse_kwargs(field: dataclasses.Field, tp: Any) -> dict[str, Any]:
     return kwargs
 
 
-def add_options(parser: argparse._ActionsContainer, cls: type, title: str | None = None) -> None:
-    """Add one flag per field of the config dataclass ``cls`` (in an argument group)."""
+def add_options(
+    parser: argparse._ActionsContainer,
+    cls: type,
+    title: str | None = None,
+    *,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> None:
+    """Add one flag per field of the config dataclass ``cls`` (in an argument group).
+
+    Fields named in ``exclude`` get no flag: a command that composes several configs sets
+    those itself (e.g. one ``--seed`` for every component).
+    """
     group = parser.add_argument_group(title or cls.__name__, (cls.__doc__ or "").strip() or None)
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        if not field.init or field.metadata.get("cli") is False:
+        if not field.init or field.metadata.get("cli") is False or field.name in exclude:
             continue
         kwargs = _argparse_kwargs(field, hints[field.name])
         kwargs["default"] = argparse.SUPPRESS
