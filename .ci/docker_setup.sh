@@ -29,6 +29,12 @@ start_engine() {
   command -v dockerd >/dev/null \
     || die "dockerd not found; install it with: apt-get install -y docker.io"
   log "no Docker engine answers; starting dockerd (log: $LOG)"
+  # A dockerd that died leaves its pid file behind, and a new one refuses to start over it.
+  local pidfile=/var/run/docker.pid
+  if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    log "removing stale $pidfile"
+    rm -f "$pidfile"
+  fi
   # No bridge and no iptables: sandboxes run with --network none, and this machine may not
   # allow iptables changes. setsid keeps the engine alive after this script and its CI step end.
   setsid nohup dockerd --bridge=none --iptables=false --ip6tables=false >"$LOG" 2>&1 </dev/null &

@@ -119,6 +119,15 @@ def api() -> Any:
         return _client
 
 
+def engine_error() -> str | None:
+    """Why no Docker engine can be used from here (with what to do), or None when one answers."""
+    try:
+        api()
+    except SandboxError as exc:
+        return str(exc)
+    return None
+
+
 async def _offload(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_executor(), fn, *args)
 

@@ -5,7 +5,6 @@ test_containment.py (it includes docker when an engine runs)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import statistics
 import subprocess
@@ -17,23 +16,11 @@ import pytest
 from vime.sandboxes import SandboxError, create
 from vime.sandboxes import docker as docker_backend
 
-
-@functools.cache
-def engine_error() -> str | None:
-    """Why no Docker engine can be used here, or None when one answers."""
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-    except Exception as exc:
-        return f"no Docker engine answers ({exc}); start one with .ci/docker_setup.sh"
-    return None
-
-
+NO_ENGINE = docker_backend.engine_error()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.docker,
-    pytest.mark.skipif(engine_error() is not None, reason=str(engine_error())),
+    pytest.mark.skipif(NO_ENGINE is not None, reason=str(NO_ENGINE)),
 ]
 
 
