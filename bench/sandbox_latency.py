@@ -64,8 +64,11 @@ class Boxed:
         return result.stdout == "1\n" and result.ok, time.perf_counter() - started
 
 
-async def measure(workers: list[Any], runs: int) -> dict[str, Any]:
-    """Run ``runs`` executions spread over ``workers`` (one per concurrent slot)."""
+async def measure(workers: list[Any], runs: int) -> tuple[list[float], int, float]:
+    """Run ``runs`` executions spread over ``workers`` (one per concurrent slot).
+
+    Returns the latencies, the number of failed executions and the wall time.
+    """
     latencies: list[float] = []
     failures = 0
     queue = iter(range(runs))
@@ -79,15 +82,7 @@ async def measure(workers: list[Any], runs: int) -> dict[str, Any]:
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in workers))
-    wall = time.perf_counter() - started
-    return {
-        "runs": runs,
-        "failures": failures,
-        "p50_ms": percentile(latencies, 50) * 1000,
-        "p99_ms": percentile(latencies, 99) * 1000,
-        "mean_ms": statistics.fmean(latencies) * 1000,
-        "execs_per_s": runs / wall,
-    }
+    return latencies, failures, time.perf_counter() - started
 
 
 def docker_available() -> bool:
@@ -119,27 +114,48 @@ def start_server(token: str) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
-async def bench_backend(
-    name: str, make: Callable[[], Awaitable[Any]], levels: list[int], runs: int, warmup: int
+async def bench_level(
+    makers: dict[str, Callable[[], Awaitable[Any]]], level: int, runs: int, rounds: int
 ) -> list[dict[str, Any]]:
-    """Latency and throughput of one backend at each concurrency level."""
-    rows = []
-    for level in levels:
-        workers = [await make() for _ in range(level)]
-        try:
-            await measure(workers, max(warmup, level))
-            row = await measure(workers, runs)
-        finally:
-            for w in workers:
+    """All backends at one concurrency level, interleaved in ``rounds`` so that a change of
+    load on a shared machine hits every backend alike."""
+    workers = {name: [await make() for _ in range(level)] for name, make in makers.items()}
+    samples: dict[str, list[float]] = {name: [] for name in makers}
+    failures = dict.fromkeys(makers, 0)
+    wall = dict.fromkeys(makers, 0.0)
+    try:
+        for name in makers:  # warm-up: first calls pay page cache and allocator costs
+            await measure(workers[name], level)
+        for _ in range(rounds):
+            for name in makers:
+                latencies, failed, seconds = await measure(workers[name], max(1, runs // rounds))
+                samples[name] += latencies
+                failures[name] += failed
+                wall[name] += seconds
+    finally:
+        for group in workers.values():
+            for w in group:
                 if isinstance(w, Boxed):
                     await w.box.close()
-        rows.append({"backend": name, "concurrency": level, **row})
+    rows = []
+    for name, latencies in samples.items():
+        row = {
+            "backend": name,
+            "concurrency": level,
+            "runs": len(latencies),
+            "failures": failures[name],
+            "p50_ms": percentile(latencies, 50) * 1000,
+            "p99_ms": percentile(latencies, 99) * 1000,
+            "mean_ms": statistics.fmean(latencies) * 1000,
+            "execs_per_s": len(latencies) / wall[name],
+        }
         print(
             f"  {name:7s} c={level:<3d} p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms"
             f"  {row['execs_per_s']:6.1f}/s  failures {row['failures']}",
             file=sys.stderr,
             flush=True,
         )
+        rows.append(row)
     return rows
 
 
@@ -189,9 +205,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             server, url = start_server(token)
             makers["remote"] = lambda: boxed("remote", url=url, token=token)
         rows = []
-        for name, make in makers.items():
-            print(f"{name}:", file=sys.stderr, flush=True)
-            rows += await bench_backend(name, make, args.concurrency, args.runs, args.warmup)
+        for level in args.concurrency:
+            rows += await bench_level(makers, level, args.runs, args.rounds)
+        rows.sort(key=lambda r: (list(makers).index(r["backend"]), r["concurrency"]))
     finally:
         if server is not None:
             server.terminate()
@@ -207,6 +223,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "load": os.getloadavg(),
         },
         "runs_per_level": args.runs,
+        "rounds": args.rounds,
         "results": rows,
         "skipped": skipped,
         "targets": {
@@ -221,7 +238,9 @@ def main() -> int:
     """Parse flags, run the benchmark, print the table and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200, help="Timed executions per level.")
-    parser.add_argument("--warmup", type=int, default=5, help="Untimed executions per level.")
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="Interleaved rounds the runs are split into."
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--backends", default="bare,local,docker,remote")
     parser.add_argument("--out", help="Write the JSON report here.")
