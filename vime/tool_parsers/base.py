@@ -39,6 +39,7 @@ class ToolCallParser(abc.ABC):
     """
 
     name: str = ""
+    several_calls = "You may make several calls in one reply."
 
     def parse(self, text: str | None, *, tools: Iterable[Any] | None = None) -> ParseResult:
         """Split ``text`` into content and tool calls.
@@ -67,23 +68,73 @@ class ToolCallParser(abc.ABC):
     def render(self, calls: Sequence[ToolCall]) -> str:
         """Write ``calls`` (name and arguments) the way this model family emits them."""
 
+    def instructions(self, tools: Iterable[Any]) -> str:
+        """A system-prompt section for models whose chat template cannot show ``tools``: their
+        schemas and an example call in this format (empty when there are no tools)."""
+        functions = function_schemas(tools)
+        if not functions:
+            return ""
+        listing = "\n".join(
+            json.dumps({"type": "function", "function": f}, ensure_ascii=False) for f in functions
+        )
+        first = functions[0]
+        example = self.render([ToolCall(first["name"], example_arguments(first))])
+        return (
+            f"You can call these tools, described by JSON Schema:\n<tools>\n{listing}\n</tools>\n\n"
+            f"To call a tool, write the call in exactly this format (example values shown):\n"
+            f"{example}\n\n{self.several_calls} Each result comes back to you in a tool message."
+        )
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+def function_schemas(tools: Iterable[Any] | None) -> list[dict[str, Any]]:
+    """The ``function`` part of each tool (OpenAI tool schemas, or objects with ``.schema``)."""
+    found = []
+    for t in tools or ():
+        schema = getattr(t, "schema", t)
+        fn = schema.get("function", schema) if isinstance(schema, Mapping) else None
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            found.append(dict(fn))
+    return found
 
 
 def string_parameters(tools: Iterable[Any] | None) -> dict[str, set[str]]:
     """For each tool, the parameters whose schema is a string (or an optional string)."""
     found: dict[str, set[str]] = {}
-    for t in tools or ():
-        schema = getattr(t, "schema", t)
-        fn = schema.get("function", schema) if isinstance(schema, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            continue
+    for fn in function_schemas(tools):
         props = (fn.get("parameters") or {}).get("properties") or {}
         found[fn["name"]] = {
             k for k, s in props.items() if isinstance(s, Mapping) and _is_string(s)
         }
     return found
+
+
+_EXAMPLE_VALUES = {
+    "string": "...",
+    "integer": 1,
+    "number": 1.5,
+    "boolean": True,
+    "array": [],
+    "object": {},
+}
+
+
+def example_arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    """Placeholder values for a function's required parameters (enum choices and defaults first)."""
+    parameters = function.get("parameters") or {}
+    props = parameters.get("properties") or {}
+    example = {}
+    for name in parameters.get("required") or []:
+        schema = props.get(name) or {}
+        options = [schema, *(schema.get("anyOf") or [])]
+        if schema.get("enum"):
+            example[name] = schema["enum"][0]
+        else:
+            kinds = [o.get("type") for o in options if isinstance(o, Mapping)]
+            example[name] = next((_EXAMPLE_VALUES[k] for k in kinds if k in _EXAMPLE_VALUES), "...")
+    return example
 
 
 def _is_string(schema: Mapping[str, Any]) -> bool:

@@ -30,6 +30,7 @@ class Llama3JsonParser(ToolCallParser):
     """
 
     name = "llama3"
+    several_calls = "To make several calls, separate them with '; '."
 
     def _parse(
         self, text: str, string_params: Mapping[str, set[str]]
