@@ -4,7 +4,6 @@ handled as configured (mask the unprovable sampled ids, or split into samples)."
 from __future__ import annotations
 
 import pytest
-from counting_env import CountingEnv
 from vime.agents import AgentConfig, ChatTemplateRenderer, TrajectoryBuilder, run, training_samples
 
 from vime.rollout.stub_server import ByteTokenizer, StubServer, counting_tool_policy
@@ -60,10 +59,8 @@ def engine_prompt(stub: StubServer, request: dict) -> list[int]:
     return stub.tokenizer.encode(text)
 
 
-async def test_drift_is_detected_and_masked(drifting_stub, drifting_client):
-    traj = await run(
-        CountingEnv(), drifting_client, SAMPLING, AgentConfig(mode="chat", drift="mask")
-    )
+async def test_drift_is_detected_and_masked(env_cls, drifting_stub, drifting_client):
+    traj = await run(env_cls(), drifting_client, SAMPLING, AgentConfig(mode="chat", drift="mask"))
 
     assert traj.status is Status.COMPLETED
     assert traj.metrics["drift_count"] == 4  # turns 2..5 each see a rewritten history
@@ -84,10 +81,10 @@ async def test_drift_is_detected_and_masked(drifting_stub, drifting_client):
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if not m)
 
 
-async def test_drift_split_gives_one_provable_sample_per_drift(drifting_stub, drifting_client):
-    traj = await run(
-        CountingEnv(), drifting_client, SAMPLING, AgentConfig(mode="chat", drift="split")
-    )
+async def test_drift_split_gives_one_provable_sample_per_drift(
+    env_cls, drifting_stub, drifting_client
+):
+    traj = await run(env_cls(), drifting_client, SAMPLING, AgentConfig(mode="chat", drift="split"))
 
     samples = training_samples(traj)
     assert traj.metrics["drift_count"] == 4
@@ -101,11 +98,11 @@ async def test_drift_split_gives_one_provable_sample_per_drift(drifting_stub, dr
 
 
 async def test_token_mode_never_drifts_on_a_history_rewriting_template(
-    drifting_stub, drifting_client
+    env_cls, drifting_stub, drifting_client
 ):
     renderer = ChatTemplateRenderer(CompactingTokenizer())
     traj = await run(
-        CountingEnv(), drifting_client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer
+        env_cls(), drifting_client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer
     )
 
     last_prompt = drifting_stub.requests[-1]["prompt"]
@@ -115,9 +112,9 @@ async def test_token_mode_never_drifts_on_a_history_rewriting_template(
     assert traj.reward == 1.0
 
 
-async def test_non_append_only_template_fails_token_mode_with_the_reason(stub, client):
+async def test_non_append_only_template_fails_token_mode_with_the_reason(env_cls, stub, client):
     renderer = ChatTemplateRenderer(TurnCountingTokenizer())
-    traj = await run(CountingEnv(), client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer)
+    traj = await run(env_cls(), client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer)
 
     assert traj.status is Status.FAILED
     assert traj.error.startswith(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import openai
 import pytest
-from counting_env import CountingEnv
 from vime.agents import AgentConfig, run, run_openai_agent
 
 from vime.types import Status
@@ -13,30 +12,41 @@ from vime.types import Status
 SAMPLING = {"temperature": 1.0, "max_tokens": 200}
 
 
-async def plain_loop(client: openai.AsyncOpenAI) -> float:
+def plain_loop(env_cls):
     """An agent that knows nothing about Vime: the openai client and an env, nothing else."""
-    env = CountingEnv()
-    messages, _ = await env.areset(seed=0)
-    total = 0.0
-    for _ in range(8):
-        response = await client.chat.completions.create(
-            model="any", messages=messages, tools=env.tool_schemas, temperature=0.2
-        )
-        message = response.choices[0].message.model_dump(exclude_none=True)
-        messages.append(message)
-        observation, reward, terminated, truncated, _ = await env.astep(message)
-        total += reward
-        messages.extend(observation)
-        if terminated or truncated:
-            break
-    return total
+
+    async def agent(client: openai.AsyncOpenAI) -> float:
+        env = env_cls()
+        messages, _ = await env.areset(seed=0)
+        total = 0.0
+        for _ in range(8):
+            response = await client.chat.completions.create(
+                model="any", messages=messages, tools=env.tool_schemas, temperature=0.2
+            )
+            message = response.choices[0].message.model_dump(exclude_none=True)
+            messages.append(message)
+            observation, reward, terminated, truncated, _ = await env.astep(message)
+            total += reward
+            messages.extend(observation)
+            if terminated or truncated:
+                break
+        return total
+
+    return agent
 
 
-async def test_plain_openai_loop_records_the_builtin_agents_trajectory(stub, client, renderer):
+async def test_plain_openai_loop_records_the_builtin_agents_trajectory(
+    env_cls, stub, client, renderer
+):
     config = AgentConfig(mode="tokens")
-    builtin = await run(CountingEnv(), client, SAMPLING, config, renderer=renderer, seed=0)
+    builtin = await run(env_cls(), client, SAMPLING, config, renderer=renderer, seed=0)
     adapted = await run_openai_agent(
-        plain_loop, client, SAMPLING, config, renderer=renderer, parse=CountingEnv().parse_action
+        plain_loop(env_cls),
+        client,
+        SAMPLING,
+        config,
+        renderer=renderer,
+        parse=env_cls().parse_action,
     )
 
     assert adapted.status is Status.COMPLETED
@@ -48,14 +58,14 @@ async def test_plain_openai_loop_records_the_builtin_agents_trajectory(stub, cli
     assert adapted.metrics["drift_count"] == 0
 
 
-async def test_rollout_sampling_overrides_the_agents_own(stub, client, renderer):
+async def test_rollout_sampling_overrides_the_agents_own(env_cls, stub, client, renderer):
     await run_openai_agent(
-        plain_loop,
+        plain_loop(env_cls),
         client,
         SAMPLING,
         AgentConfig(),
         renderer=renderer,
-        parse=CountingEnv().parse_action,
+        parse=env_cls().parse_action,
     )
     assert {r["temperature"] for r in stub.requests} == {1.0}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from counting_env import CountingEnv
 from vime.agents import AgentConfig, run
 
 from vime.rollout.stub_server import stub_logprob
@@ -23,8 +22,10 @@ def sampled_spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-async def test_token_mode_episode_matches_what_the_engine_saw(stub, client, renderer, token_config):
-    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+async def test_token_mode_episode_matches_what_the_engine_saw(
+    env_cls, stub, client, renderer, token_config
+):
+    traj = await run(env_cls(), client, SAMPLING, token_config, renderer=renderer)
 
     last = stub.requests[-1]
     reply_ids = traj.token_ids[len(last["prompt"]) :]
@@ -38,8 +39,10 @@ async def test_token_mode_episode_matches_what_the_engine_saw(stub, client, rend
     assert traj.metrics["tool_calls"] == 4
 
 
-async def test_loss_mask_covers_exactly_the_sampled_ids(stub, client, renderer, token_config):
-    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+async def test_loss_mask_covers_exactly_the_sampled_ids(
+    env_cls, stub, client, renderer, token_config
+):
+    traj = await run(env_cls(), client, SAMPLING, token_config, renderer=renderer)
 
     spans = sampled_spans(traj.loss_mask)
     assert len(spans) == 5
@@ -51,8 +54,10 @@ async def test_loss_mask_covers_exactly_the_sampled_ids(stub, client, renderer, 
     assert traj.loss_mask[: traj.prompt_length] == [0] * traj.prompt_length
 
 
-async def test_logprobs_align_one_to_one_with_sampled_ids(stub, client, renderer, token_config):
-    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+async def test_logprobs_align_one_to_one_with_sampled_ids(
+    env_cls, stub, client, renderer, token_config
+):
+    traj = await run(env_cls(), client, SAMPLING, token_config, renderer=renderer)
 
     for i, (tok, m, lp) in enumerate(
         zip(traj.token_ids, traj.loss_mask, traj.logprobs, strict=True)
@@ -63,23 +68,21 @@ async def test_logprobs_align_one_to_one_with_sampled_ids(stub, client, renderer
 
 
 async def test_env_ids_are_the_template_rendering_of_the_env_messages(
-    stub, client, renderer, token_config
+    env_cls, stub, client, renderer, token_config
 ):
-    traj = await run(CountingEnv(), client, SAMPLING, token_config, renderer=renderer)
+    traj = await run(env_cls(), client, SAMPLING, token_config, renderer=renderer)
 
     # The whole conversation rendered by the template gives the same ids as the record.
     full = renderer.encode(
-        renderer.render(traj.messages, CountingEnv().tool_schemas, add_generation_prompt=False)
+        renderer.render(traj.messages, env_cls().tool_schemas, add_generation_prompt=False)
     )
     assert traj.token_ids == full[: len(traj.token_ids)]
     assert renderer.tokenizer.decode(traj.token_ids).count("<tool_response>\n") == 4
 
 
-async def test_chat_mode_gives_the_same_ids_as_token_mode(stub, client, renderer):
-    tokens = await run(
-        CountingEnv(), client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer
-    )
-    chat = await run(CountingEnv(), client, SAMPLING, AgentConfig(mode="chat"))
+async def test_chat_mode_gives_the_same_ids_as_token_mode(env_cls, stub, client, renderer):
+    tokens = await run(env_cls(), client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer)
+    chat = await run(env_cls(), client, SAMPLING, AgentConfig(mode="chat"))
 
     assert chat.metrics["drift_count"] == 0
     assert chat.token_ids == tokens.token_ids
@@ -88,8 +91,8 @@ async def test_chat_mode_gives_the_same_ids_as_token_mode(stub, client, renderer
     assert chat.reward == tokens.reward == 1.0
 
 
-async def test_max_turns_truncates(stub, client, renderer):
-    traj = await run(CountingEnv(), client, SAMPLING, AgentConfig(max_turns=2), renderer=renderer)
+async def test_max_turns_truncates(env_cls, stub, client, renderer):
+    traj = await run(env_cls(), client, SAMPLING, AgentConfig(max_turns=2), renderer=renderer)
 
     assert traj.status is Status.TRUNCATED
     assert traj.metadata["stop_reason"] == "max_turns=2"
@@ -97,12 +100,12 @@ async def test_max_turns_truncates(stub, client, renderer):
     assert len(sampled_spans(traj.loss_mask)) == 2
 
 
-async def test_context_guard_truncates_before_overflowing(stub, client, renderer):
-    full = await run(CountingEnv(), client, SAMPLING, AgentConfig(), renderer=renderer)
+async def test_context_guard_truncates_before_overflowing(env_cls, stub, client, renderer):
+    full = await run(env_cls(), client, SAMPLING, AgentConfig(), renderer=renderer)
     limit = len(full.token_ids) - 5  # the last reply (17 ids) gets cut
     stub.requests.clear()
     traj = await run(
-        CountingEnv(), client, SAMPLING, AgentConfig(max_context_tokens=limit), renderer=renderer
+        env_cls(), client, SAMPLING, AgentConfig(max_context_tokens=limit), renderer=renderer
     )
 
     assert traj.status is Status.TRUNCATED
@@ -114,12 +117,12 @@ async def test_context_guard_truncates_before_overflowing(stub, client, renderer
     assert stub.requests[-1]["max_tokens"] < SAMPLING["max_tokens"]
 
 
-async def test_context_guard_stops_when_the_prompt_alone_overflows(stub, client, renderer):
-    full = await run(CountingEnv(), client, SAMPLING, AgentConfig(), renderer=renderer)
+async def test_context_guard_stops_when_the_prompt_alone_overflows(env_cls, stub, client, renderer):
+    full = await run(env_cls(), client, SAMPLING, AgentConfig(), renderer=renderer)
     limit = len(full.token_ids) - 40  # the last prompt no longer fits
     stub.requests.clear()
     traj = await run(
-        CountingEnv(), client, SAMPLING, AgentConfig(max_context_tokens=limit), renderer=renderer
+        env_cls(), client, SAMPLING, AgentConfig(max_context_tokens=limit), renderer=renderer
     )
 
     assert traj.status is Status.TRUNCATED
@@ -128,12 +131,12 @@ async def test_context_guard_stops_when_the_prompt_alone_overflows(stub, client,
     assert traj.metrics["num_turns"] == 4
 
 
-async def test_engine_error_fails_only_with_the_reason(stub, client, renderer):
+async def test_engine_error_fails_only_with_the_reason(env_cls, stub, client, renderer):
     def broken(prompt: str) -> str:
         raise RuntimeError("engine exploded")
 
     stub.policy = broken
-    traj = await run(CountingEnv(), client, SAMPLING, AgentConfig(), renderer=renderer)
+    traj = await run(env_cls(), client, SAMPLING, AgentConfig(), renderer=renderer)
 
     assert traj.status is Status.FAILED
     assert traj.error.startswith("EngineError: engine ")
@@ -141,6 +144,6 @@ async def test_engine_error_fails_only_with_the_reason(stub, client, renderer):
     assert traj.loss_mask == [0] * len(traj.token_ids)
 
 
-async def test_token_mode_without_renderer_is_a_clear_error(client):
+async def test_token_mode_without_renderer_is_a_clear_error(env_cls, client):
     with pytest.raises(ValueError, match="token-in mode needs a ChatTemplateRenderer"):
-        await run(CountingEnv(), client, SAMPLING, AgentConfig(mode="tokens"))
+        await run(env_cls(), client, SAMPLING, AgentConfig(mode="tokens"))

@@ -1,14 +1,55 @@
-"""Fixtures for rollout tests: the stub engine, a shared engine client and a manager factory."""
+"""Fixtures for rollout tests: an env with injectable faults, the stub engine, a shared engine
+client and a manager factory."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from fault_envs import FaultyCountingEnv
 from vime.agents import AgentConfig, ChatTemplateRenderer
 
+import vime
 from vime.rollout import RolloutConfig, RolloutManager
 from vime.rollout.engine_client import EngineClient
 from vime.rollout.stub_server import ByteTokenizer, StubServer, counting_tool_policy
+
+
+class FaultyCountingEnv(vime.ToolEnv):
+    """Call ``add`` until the scripted model answers; ``task["fault"]`` injects one fault:
+    ``stuck_reset`` (reset never returns), ``hang_tool`` (the tool never returns) or
+    ``crash_step`` (step raises)."""
+
+    def __init__(self) -> None:
+        super().__init__(tool_timeout=0.3)
+        self.fault = None
+        self.calls = 0
+
+    @vime.tool
+    async def add(self, a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: first addend
+            b: second addend
+        """
+        if self.fault == "hang_tool":
+            await asyncio.sleep(3600)
+        self.calls += 1
+        return str(a + b)
+
+    async def areset(self, *, seed=None, options=None):
+        await super().areset(seed=seed)
+        task = (options or {}).get("task") or {}
+        self.fault = task.get("fault")
+        self.calls = 0
+        if self.fault == "stuck_reset":
+            await asyncio.sleep(3600)
+        return [{"role": "user", "content": task.get("question", "Count.")}], {}
+
+    def answer(self, message):
+        if self.fault == "crash_step":
+            raise RuntimeError("the grader crashed")
+        return [], float(self.calls), True, False, {}
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 from vime.errors import ConfigError
 from vime.rollout import RolloutConfig, load_hook, nonzero_reward_variance
 from vime.rollout.engine_client import EngineClient
+from vime.rollout.filters import no_failures
 from vime.types import Status, Trajectory
 
 SAMPLING = {"max_tokens": 100}
@@ -86,14 +87,19 @@ async def test_dead_engine_costs_only_the_episodes_that_use_it(make_manager, cli
     statuses = sorted(str(t.status) for t in batch.trajectories)
     assert statuses == ["completed"] * 5 + ["failed"]
     failed = next(t for t in batch.trajectories if t.status is Status.FAILED)
-    assert failed.error.startswith("ConnectError")
+    assert failed.error.startswith(
+        "EngineError: engine http://127.0.0.1:9/v1/completions unreachable"
+    )
+
+
+def odd_task_ids(group) -> bool:
+    """Keep groups whose task id is odd."""
+    return int(group[0].task_id) % 2 == 1
 
 
 async def test_dynamic_sampling_oversamples_until_enough_groups_pass(make_manager):
     tasks = [{"id": str(i)} for i in range(8)]
-    manager = make_manager(
-        n=2, over_sampling=3.0, group_filter="fault_envs:odd_task_ids", max_concurrency=2
-    )
+    manager = make_manager(n=2, over_sampling=3.0, group_filter=odd_task_ids, max_concurrency=2)
     batch = await manager.generate(tasks, SAMPLING, num_groups=2)
 
     assert [g[0].task_id for g in batch.groups] == ["1", "3"]
@@ -144,12 +150,19 @@ def test_nonzero_reward_variance_keeps_only_groups_with_signal():
     assert not nonzero_reward_variance(group(1.0))
 
 
+def test_hooks_load_by_name_or_dotted_path():
+    assert load_hook("nonzero_reward_variance") is nonzero_reward_variance
+    assert load_hook("vime.rollout.filters:nonzero_reward_variance") is nonzero_reward_variance
+    assert load_hook("vime.rollout.filters.no_failures") is no_failures
+    assert load_hook(odd_task_ids) is odd_task_ids
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
         ("nope", "neither a built-in"),
-        ("fault_envs:missing", "cannot load hook"),
-        ("fault_envs:_CALL", "not a callable"),
+        ("vime.rollout.filters:missing", "cannot load hook"),
+        ("vime.rollout.filters:BUILTIN", "not a callable"),
     ],
 )
 def test_bad_hooks_are_config_errors(spec, message):

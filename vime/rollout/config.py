@@ -28,7 +28,8 @@ class RolloutConfig:
     )
     group_filter: str | None = option(
         None,
-        help="dynamic-sampling hook: nonzero_reward_variance, no_failures, or 'pkg.module:func'",
+        help="dynamic-sampling hook: nonzero_reward_variance, no_failures, or 'pkg.module:func' "
+        "(a callable when built in Python)",
     )
     partial_rollout: bool = option(
         False, help="carry unfinished groups into the next batch instead of aborting them"

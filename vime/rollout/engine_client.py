@@ -56,30 +56,43 @@ class EngineClient:
         timeout: float = 600.0,
         max_connections: int = 1024,
     ) -> None:
-        import httpx
-
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self._http = httpx.AsyncClient(
-            timeout=timeout,
-            headers={"Authorization": f"Bearer {api_key}"},
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-        )
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self._headers = {"Authorization": f"Bearer {api_key}"}
+        self._http: Any = None  # an aiohttp session, made in the loop that first uses it
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def _post(self, path: str, body: dict, session_id: str | None) -> dict:
-        headers = {"X-Session-Id": session_id} if session_id else None
-        response = await self._http.post(self.base_url + path, json=body, headers=headers)
-        if response.status_code != 200:
-            raise EngineError(
-                f"engine {self.base_url}{path} answered {response.status_code}: {response.text[:300]}"
+        # aiohttp rather than httpx: httpcore's pool costs O(connections) per request, which
+        # dominated the rollout loop at hundreds of concurrent episodes.
+        import aiohttp
+
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
             )
-        return response.json()
+        headers = {"X-Session-Id": session_id} if session_id else None
+        try:
+            async with self._http.post(
+                self.base_url + path, json=body, headers=headers
+            ) as response:
+                if response.status != 200:
+                    text = await response.text()
+                    raise EngineError(
+                        f"engine {self.base_url}{path} answered {response.status}: {text[:300]}"
+                    )
+                return await response.json()
+        except aiohttp.ClientError as exc:
+            raise EngineError(f"engine {self.base_url}{path} unreachable: {exc}") from exc
 
     async def chat(
         self,

@@ -293,3 +293,26 @@ class StubServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m vime.rollout.stub_server [--port P] [--turns N]``: serve until killed,
+    printing ``READY <base_url>`` once listening."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--turns", type=int, default=5, help="assistant turns per scripted episode")
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        server = StubServer(policy=counting_tool_policy(args.turns))
+        print(f"READY {await server.start(args.host, args.port)}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
