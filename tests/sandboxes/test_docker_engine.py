@@ -56,7 +56,7 @@ async def test_commands_run_in_work_as_nobody_in_a_host_named_sandbox(box):
     assert result.stdout == "/work\n65534\nsandbox\n/work\n"
 
 
-async def test_the_container_has_no_network_a_read_only_root_and_the_limits(procs):
+async def test_the_container_has_no_network_a_read_only_root_and_the_limits():
     async with create("docker", memory_bytes=300 << 20, max_processes=64, cpus=0.5) as sandbox:
         info = docker_backend.api().inspect_container(sandbox.container_id)
     host = info["HostConfig"]
