@@ -4,6 +4,7 @@
 """
 
 from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
+from vime.sandboxes.pool import SandboxPool
 from vime.sandboxes.registry import available_backends, create, register_backend
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxLimits",
+    "SandboxPool",
     "available_backends",
     "create",
     "register_backend",

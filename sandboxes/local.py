@@ -18,7 +18,14 @@ from typing import Any
 
 from vime.sandboxes import bwrap
 from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits, shell_argv
-from vime.sandboxes.process import MARKER_VAR, kill_marked, run_process
+from vime.sandboxes.process import (
+    MARKER_VAR,
+    kill_marked,
+    kill_orphans,
+    marker,
+    pid_alive,
+    run_process,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +36,46 @@ UNISOLATED_WARNING = (
     "root, fork without limit. Only rlimits apply. Install bubblewrap for real isolation."
 )
 _probed: dict[bool, str | None] = {}  # network on? -> bwrap's error text, or None if it works
+_reaped: set[Path] = set()  # work dir roots already cleaned of dead processes' leftovers
 
 
-def _workdir_root(parent: str | None) -> Path:
-    """A directory for sandbox work dirs that the sandbox user can traverse but not list."""
-    root = Path(parent or tempfile.gettempdir()) / f"vime-sandboxes-{os.geteuid()}"
+def reap_orphans(root: Path) -> list[Path]:
+    """Clean up after owner processes that died without closing their sandboxes.
+
+    Kills sandboxed processes whose owner is gone (see :func:`kill_orphans`), then deletes
+    the work dirs in ``root`` (named ``<owner pid>-<random>``) of owners that are gone.
+    Returns the deleted work dirs.
+    """
+    killed = kill_orphans()
+    if killed:
+        logger.warning("killed %d sandboxed processes whose owner is gone", len(killed))
+    removed = []
+    for path in root.iterdir():
+        owner, _, _ = path.name.partition("-")
+        if owner.isdigit() and int(owner) != os.getpid() and not pid_alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _workdir_root(parent: str | None, uid: int | None) -> Path:
+    """A directory for sandbox work dirs that the sandbox user (``uid``, None when it is the
+    caller) can traverse but not list; the first use in a process reaps what dead processes
+    left there."""
+    root = Path(parent or tempfile.gettempdir()).resolve() / f"vime-sandboxes-{os.geteuid()}"
     root.mkdir(mode=0o711, exist_ok=True)
+    for directory in [root, *root.parents] if uid is not None else []:
+        info = directory.stat()
+        if info.st_uid != uid and not info.st_mode & 0o001:
+            raise SandboxError(
+                f"the sandbox user (uid {uid}) cannot reach work dirs under {root}: {directory} "
+                "is not searchable by others; pass workdir_parent= a directory whose parents "
+                "all have the o+x bit, or chmod o+x it"
+            )
+    if root not in _reaped:
+        _reaped.add(root)
+        for path in reap_orphans(root):
+            logger.info("removed the work dir %s of a process that is gone", path)
     return root
 
 
@@ -95,7 +136,10 @@ class LocalSandbox(Sandbox):
         if self.workdir is not None:
             return
         workdir = Path(
-            tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=_workdir_root(self._workdir_parent))
+            tempfile.mkdtemp(
+                prefix=f"{os.getpid()}-",
+                dir=_workdir_root(self._workdir_parent, self._uid if self._switch_user else None),
+            )
         )
         self.workdir = workdir
         if self._switch_user:
@@ -139,25 +183,25 @@ class LocalSandbox(Sandbox):
                 "container, run it with --privileged or a seccomp profile allowing unshare."
             )
 
-    def _argv(self, argv: list[str], marker: str) -> list[str]:
+    def _argv(self, argv: list[str], call: str) -> list[str]:
         limited = [*bwrap.rlimit_argv(self._prlimit, self.limits), *argv]
         if self.isolated:
-            return [*self._prefix, "--setenv", MARKER_VAR, marker, *limited]
+            return [*self._prefix, "--setenv", MARKER_VAR, call, *limited]
         return limited
 
     async def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None) -> ExecResult:
         assert self.workdir is not None
-        marker = f"{self.id}/{next(self._calls)}"
+        call = marker(self.id, next(self._calls))
         popen: dict[str, Any] = {}
         if not self.isolated:
-            env = {**bwrap.base_env(str(self.workdir)), **self._env, MARKER_VAR: marker}
+            env = {**bwrap.base_env(str(self.workdir)), **self._env, MARKER_VAR: call}
             popen.update(cwd=self.workdir, env=env)
         return await run_process(
-            self._argv(argv, marker),
+            self._argv(argv, call),
             timeout=timeout,
             stdin=stdin,
             max_output_bytes=self.limits.max_output_bytes,
-            cleanup=lambda: kill_marked(marker),
+            cleanup=lambda: kill_marked(call),
             track=self._running,
             **popen,
         )
@@ -244,7 +288,7 @@ class LocalSandbox(Sandbox):
                 pass
         # Under bubblewrap nothing outlives its call, so only killed calls need the /proc scan.
         if running or not self.isolated:
-            left = await kill_marked(f"{self.id}/")
+            left = await kill_marked(marker(self.id))
             if left:
                 logger.error("sandbox %s: processes %s survived SIGKILL", self.id, left)
         if self.workdir is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -13,9 +14,54 @@ from typing import Any
 
 from vime.sandboxes.base import ExecResult
 
-MARKER_VAR = "VIME_SANDBOX"  # set in every sandboxed process: "<sandbox id>/<call number>"
+MARKER_VAR = "VIME_SANDBOX"  # in every sandboxed process: "<owner pid>-<sandbox id>/<call>"
+# The marker in an environment (NAME=VALUE) or in a launcher's argv (--setenv NAME VALUE).
+_OWNER = re.compile(rb"(?:^|\x00)" + MARKER_VAR.encode() + rb"[=\x00](\d+)-")
 _CHUNK = 1 << 16
 _PIPE_GRACE = 0.5  # seconds to wait for the pipes to close after the command exited
+
+
+def marker(sandbox_id: str, call: int | str = "") -> str:
+    """The marker of a sandbox's call (or, with no call, the prefix of all its calls)."""
+    return f"{os.getpid()}-{sandbox_id}/{call}"
+
+
+def pid_alive(pid: int) -> bool:
+    """True if process ``pid`` exists (ours or not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def kill_orphans() -> list[int]:
+    """SIGKILL sandboxed processes (and their launchers) whose owner process is gone.
+
+    bubblewrap's --die-with-parent covers an owner that dies while a call runs, but not one
+    that dies in the few milliseconds between starting a call and bwrap arming that signal.
+    """
+    killed = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with (
+                open(f"/proc/{pid}/environ", "rb") as env,
+                open(f"/proc/{pid}/cmdline", "rb") as argv,
+            ):
+                owners = {int(m) for m in _OWNER.findall(env.read() + b"\x00" + argv.read())}
+        except OSError:
+            continue
+        if owners and not any(pid_alive(owner) for owner in owners):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return killed
 
 
 def _environ_has(pid: str, needle: bytes) -> bool:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from vime.sandboxes import SandboxError, create
 from vime.sandboxes import local as local_module
-from vime.sandboxes.local import LocalSandbox
+from vime.sandboxes.local import LocalSandbox, reap_orphans
+from vime.sandboxes.process import kill_orphans
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
 
@@ -117,8 +124,6 @@ async def test_close_deletes_the_work_dir_and_refuses_further_calls():
 
 
 async def test_close_kills_a_call_in_flight(procs):
-    import asyncio
-
     box = create("local", timeout=30)
     token = procs.token()
     call = asyncio.create_task(box.run(["python3", "-c", "import time; time.sleep(60)", token]))
@@ -156,3 +161,79 @@ async def test_without_bubblewrap_the_opt_in_warns_and_applies_rlimits(no_bwrap,
     finally:
         await box.close()
     assert await procs.wait_gone(token) == []
+
+
+@pytest.fixture
+def open_parent():
+    """A work dir parent the sandbox user can traverse (pytest's tmp_path is 0700)."""
+    path = tempfile.mkdtemp(prefix="vime-test-parent-")
+    os.chmod(path, 0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_crashed_owner_leaves_no_process_and_its_work_dir_is_reaped(procs, open_parent):
+    token = procs.token()
+    owner = (
+        "import asyncio, sys\n"
+        "from vime.sandboxes import create\n"
+        "async def main():\n"
+        f"    box = create('local', workdir_parent={open_parent!r})\n"
+        "    await box.start()\n"
+        "    print(box.workdir, flush=True)\n"
+        f"    await box.run(['python3', '-c', 'import time; time.sleep(300)', {token!r}])\n"
+        "asyncio.run(main())\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE, text=True)
+    try:
+        workdir = Path((await asyncio.to_thread(proc.stdout.readline)).strip())
+        deadline = time.monotonic() + 30
+        while not sandboxed_command_running(token) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert sandboxed_command_running(token)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert await procs.wait_gone(token) == []  # bubblewrap's --die-with-parent
+    assert workdir.exists()
+    assert reap_orphans(workdir.parent) == [workdir]
+    assert not workdir.exists()
+
+
+def sandboxed_command_running(token: str) -> bool:
+    """True once the sandboxed command itself (not only its launcher) runs."""
+    for pid in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if argv.startswith(b"python3\x00-c") and token.encode() in argv:
+            return True
+    return False
+
+
+async def test_processes_whose_owner_is_gone_are_killed_by_the_reaper(procs):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    token = procs.token()
+    sleeper = ["python3", "-c", "import time; time.sleep(300)", token]
+    orphan = subprocess.Popen(sleeper, env={**os.environ, "VIME_SANDBOX": f"{gone.pid}-abc/1"})
+    owned = subprocess.Popen(sleeper, env={**os.environ, "VIME_SANDBOX": f"{os.getpid()}-abc/1"})
+    try:
+        await asyncio.sleep(0.2)
+        assert orphan.pid in kill_orphans()
+        assert orphan.wait(5) == -9
+        assert owned.poll() is None
+    finally:
+        for p in (orphan, owned):
+            p.kill()
+            p.wait()
+
+
+def test_a_work_dir_parent_the_sandbox_user_cannot_reach_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only root switches to another user")
+    tmp_path.chmod(0o700)
+    box = create("local", workdir_parent=str(tmp_path))
+    with pytest.raises(SandboxError, match="is not searchable by others"):
+        asyncio.run(box.start())
