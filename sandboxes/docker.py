@@ -10,6 +10,7 @@ import io
 import itertools
 import logging
 import os
+import re
 import socket
 import struct
 import tarfile
@@ -69,6 +70,15 @@ _reaped = False
 _live: dict[str, DockerSandbox] = {}  # container id -> sandbox, for the exit handler
 
 
+def _forget_parent_state() -> None:
+    """In a forked child: its own client, threads and owner tag; the parent's sandboxes are
+    the parent's to close."""
+    global _lock, _client, _pool
+    _lock, _client, _pool = threading.Lock(), None, None
+    _live.clear()
+    owner_tag.cache_clear()
+
+
 def _start_time(pid: int) -> str | None:
     """The start time (clock ticks after boot) of ``pid``, which tells a reused pid apart."""
     try:
@@ -82,6 +92,9 @@ def _start_time(pid: int) -> str | None:
 def owner_tag() -> str:
     """This process's owner label value."""
     return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
 
 
 def _owner_dead(tag: str) -> bool:
@@ -216,7 +229,7 @@ class DockerSandbox(Sandbox):
 
     The container runs ``image`` with no network (unless ``limits.network``), a read-only
     root, a tmpfs work dir at ``/work`` of ``work_bytes`` and a tmpfs ``/tmp``, all
-    capabilities dropped, as ``user`` (default 65534, "nobody"). Memory (no swap) and the
+    capabilities dropped, as ``user`` (numeric ``uid[:gid]``, default 65534, "nobody"). Memory (no swap) and the
     process count are limits of the whole container; CPU time, file size and open files are
     rlimits of each process; ``cpus`` caps its CPU share. A call's wall-clock timeout kills
     its whole process tree. Background processes that still hold a call's output when it
@@ -244,6 +257,10 @@ class DockerSandbox(Sandbox):
         for name, value in {"cpus": cpus, "work_bytes": work_bytes, "tmp_bytes": tmp_bytes}.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"docker sandbox option {name} must be positive, got {value!r}")
+        if not re.fullmatch(r"\d+(:\d+)?", user):
+            raise ValueError(
+                f"docker sandbox user must be numeric 'uid' or 'uid:gid', got {user!r}"
+            )
         self.id = uuid.uuid4().hex[:16]
         self.image = image
         self.user = user
@@ -273,22 +290,39 @@ class DockerSandbox(Sandbox):
 
     def _create(self) -> None:
         import docker
-        from docker.types import Mount, Ulimit
 
         global _reaped
         client = api()
         with _lock:
             reap, _reaped = not _reaped, True
         if reap:
-            reap_orphans()
+            try:
+                reap_orphans()
+            except docker.errors.APIError as exc:  # not a reason to fail this sandbox
+                logger.warning("could not reap orphaned docker sandboxes: %s", exc)
+        try:
+            self._create_container(client)
+        except docker.errors.ImageNotFound as exc:
+            self._remove()
+            raise SandboxError(f"docker image {self.image!r} not found; {IMAGE_HINT}") from exc
+        except docker.errors.APIError as exc:
+            self._remove()
+            raise SandboxError(
+                f"could not start a sandbox container of {self.image!r}: {exc}"
+            ) from exc
+
+    def _create_container(self, client: Any) -> None:
+        from docker.types import Mount, Ulimit
+
         uid, _, gid = self.user.partition(":")
+        # The work dir belongs to the sandbox user, so its calls can write there.
         volume = client.create_volume(
             name=f"vime-sbx-{self.id}",
             driver="local",
             driver_opts={
                 "type": "tmpfs",
                 "device": "tmpfs",
-                "o": f"size={self.work_bytes},mode=0755,uid={uid or 0},gid={gid or uid or 0}",
+                "o": f"size={self.work_bytes},mode=0755,uid={uid},gid={gid or uid}",
             },
             labels=self._labels(),
         )
@@ -317,29 +351,20 @@ class DockerSandbox(Sandbox):
             security_opt=["no-new-privileges"],
             init=True,  # an init as pid 1 reaps the zombies that exec'd calls leave behind
         )
-        try:
-            container = client.create_container(
-                self.image,
-                command=["sleep", "infinity"],
-                name=f"vime-sbx-{self.id}",
-                hostname="sandbox",
-                user=self.user,
-                working_dir=WORKDIR,
-                environment=self.env,
-                labels=self._labels(),
-                host_config=host_config,
-            )
-            self.container_id = container["Id"]
-            _live[self.container_id] = self
-            client.start(self.container_id)
-        except docker.errors.ImageNotFound as exc:
-            self._remove()
-            raise SandboxError(f"docker image {self.image!r} not found; {IMAGE_HINT}") from exc
-        except docker.errors.APIError as exc:
-            self._remove()
-            raise SandboxError(
-                f"could not start a sandbox container of {self.image!r}: {exc}"
-            ) from exc
+        container = client.create_container(
+            self.image,
+            command=["sleep", "infinity"],
+            name=f"vime-sbx-{self.id}",
+            hostname="sandbox",
+            user=self.user,
+            working_dir=WORKDIR,
+            environment=self.env,
+            labels=self._labels(),
+            host_config=host_config,
+        )
+        self.container_id = container["Id"]
+        _live[self.container_id] = self
+        client.start(self.container_id)
 
     def _remove(self) -> None:
         """Remove the container (killing everything in it) and its work volume."""
@@ -353,12 +378,16 @@ class DockerSandbox(Sandbox):
                 client.remove_container(container, force=True)
             except docker.errors.NotFound:
                 pass
+            except docker.errors.APIError as exc:  # e.g. a removal already in progress
+                logger.warning("sandbox %s: removing container %s: %s", self.id, container, exc)
         volume, self._volume = self._volume, None
         if volume is not None:
             try:
                 client.remove_volume(volume, force=True)
             except docker.errors.NotFound:
                 pass
+            except docker.errors.APIError as exc:
+                logger.warning("sandbox %s: removing volume %s: %s", self.id, volume, exc)
 
     async def close(self) -> None:
         """Remove the container with every process in it, and its work dir. Idempotent."""
@@ -422,7 +451,8 @@ class DockerSandbox(Sandbox):
 
         client = api()
         started = time.monotonic()
-        command = ["timeout", "-s", "KILL", f"{limit:.3f}", *argv]
+        # At least 1 ms: `timeout 0` would mean no limit at all.
+        command = ["timeout", "-s", "KILL", f"{max(limit, 0.001):.3f}", *argv]
         if archive:
             command = ["sh", "-c", _WRAPPER, "sh", str(len(archive)), *command[3:]]
         payload = archive + (stdin or b"")
@@ -536,12 +566,15 @@ def _send_then_close(raw: Any, payload: bytes) -> None:
 
 
 def _running(exec_id: str) -> bool:
+    """Whether the exec's command is still running (as far as the engine can tell)."""
     import docker
 
     try:
         return bool(api().exec_inspect(exec_id)["Running"])
     except docker.errors.NotFound:  # the container went away
         return False
+    except docker.errors.APIError:  # a hiccup of the engine: keep waiting for the output
+        return True
 
 
 def _pump(

@@ -65,6 +65,12 @@ def test_bad_docker_options_are_refused(option):
         DockerSandbox(**option)
 
 
+@pytest.mark.parametrize("user", ["nobody", "1000:", "-1", ""])
+def test_the_user_must_be_a_numeric_uid_and_gid(user):
+    with pytest.raises(ValueError, match="user must be numeric"):
+        DockerSandbox(user=user)
+
+
 def test_unknown_limits_are_refused():
     with pytest.raises(TypeError, match="unknown sandbox limit"):
         create("docker", memory=1 << 30)
@@ -149,3 +155,22 @@ def test_reading_stops_at_the_deadline_while_the_output_stays_open():
         theirs.close()
     assert outcome == "deadline"
     assert 0.3 <= time.monotonic() - started < 1.0
+
+
+def test_a_forked_child_has_its_own_owner_tag_and_no_inherited_sandboxes(monkeypatch):
+    monkeypatch.setitem(docker_backend._live, "parent-container", DockerSandbox())
+    parent_tag = docker_backend.owner_tag()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports and leaves at once, without running pytest's exit code
+        tag = docker_backend.owner_tag()
+        os.write(write, f"{tag}|{len(docker_backend._live)}|{os.getpid()}".encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        tag, live, child_pid = pipe.read().split("|")
+    os.waitpid(pid, 0)
+    assert tag != parent_tag
+    assert tag.split(":")[1] == child_pid
+    assert live == "0"
+    assert docker_backend.owner_tag() == parent_tag
