@@ -105,6 +105,8 @@ class SandboxServer:
             return _error(400, str(exc))
         except FileNotFoundError as exc:
             return _error(404, str(exc))
+        except OSError as exc:  # e.g. reading a directory as a file
+            return _error(400, f"{type(exc).__name__}: {exc}")
 
     async def _on_startup(self, app: web.Application) -> None:
         self._reaper = asyncio.create_task(self._reap_idle())

@@ -1,10 +1,11 @@
-"""Load: many short executions through a pool, on every backend, with nothing lost or leaked."""
+"""Load: many short executions through a pool, local and remote, with nothing lost or leaked."""
 
 from __future__ import annotations
 
 import asyncio
 import glob
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -20,6 +21,8 @@ def _local_workdirs() -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+@pytest.mark.parametrize("backend", ["local", "remote"])  # docker: test_docker_load.py
 async def test_1000_executions_at_concurrency_32_fail_none_and_leak_nothing(
     backend, backend_options, procs
 ):
