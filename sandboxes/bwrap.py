@@ -121,6 +121,11 @@ def bwrap_prefix(
         "/proc",
         "--dev",
         "/dev",
+        # Both memory-backed writable places are capped so files cannot exhaust host memory.
+        "--size",
+        str(int(limits.max_file_bytes)),
+        "--tmpfs",
+        "/dev/shm",
         "--size",
         str(int(limits.max_file_bytes)),
         "--tmpfs",

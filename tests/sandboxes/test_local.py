@@ -237,3 +237,22 @@ def test_a_work_dir_parent_the_sandbox_user_cannot_reach_is_refused(tmp_path):
     box = create("local", workdir_parent=str(tmp_path))
     with pytest.raises(SandboxError, match="is not searchable by others"):
         asyncio.run(box.start())
+
+
+async def test_tmp_and_dev_shm_are_capped_at_max_file_bytes():
+    fill = (
+        "import sys\n"
+        "total = 0\n"
+        "try:\n"
+        "    for i in range(10):\n"
+        "        with open(f'{sys.argv[1]}/f{i}', 'wb') as f:\n"
+        "            f.write(b'x' * (4 << 20))\n"
+        "        total += 4\n"
+        "except OSError as exc:\n"
+        "    print(total, exc.strerror)\n"
+    )
+    async with create("local", max_file_bytes=8 << 20) as box:
+        await box.write_file("fill.py", fill)
+        for place in ["/tmp", "/dev/shm"]:
+            result = await box.run(["python3", "fill.py", place])
+            assert result.stdout == "8 No space left on device\n", place
