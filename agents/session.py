@@ -122,7 +122,12 @@ class LLMSession:
         if engine_prompt and list(engine_prompt) != sent:
             # The engine (or something between) changed the prompt: train on what it saw.
             self.builder.observe_prompt(engine_prompt)
-        self.builder.add_completion(result.completion_ids, result.logprobs, result.weight_version)
+        self.builder.add_completion(
+            result.completion_ids,
+            result.logprobs,
+            result.weight_version,
+            getattr(result, "weight_versions", ()),
+        )
         return TurnRecord(
             message=self.parse(result.text),
             text=result.text,

@@ -15,6 +15,7 @@ from vime.agents.config import AgentConfig
 from vime.agents.session import LLM, ContextLimitReached, LLMSession
 from vime.agents.template import ChatTemplateRenderer
 
+from vime.inference.errors import ContextTooLong
 from vime.types import Message, Status, Trajectory
 
 
@@ -60,7 +61,7 @@ class Episode:
         for _ in range(self.config.max_turns):
             try:
                 action = await self.session.complete(self.messages, tools)
-            except ContextLimitReached as exc:
+            except (ContextLimitReached, ContextTooLong) as exc:
                 self.status, self.stop_reason = Status.TRUNCATED, f"context: {exc}"
                 return
             if self.session.context_full:

@@ -103,9 +103,17 @@ class TrajectoryBuilder:
         self._seg.extend(list(ids), None, -1)
 
     def add_completion(
-        self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int | None
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        weight_version: int | None,
+        version_spans: Sequence[tuple[int | None, int, int]] = (),
     ) -> None:
-        """Append one sampled turn: the engine's ids with their logprobs (loss mask 1)."""
+        """Append one sampled turn: the engine's ids with their logprobs (loss mask 1).
+
+        ``version_spans`` are the engine's ``(version, start, end)`` ranges over ``ids`` when a
+        weight update landed mid-generation; they set the per-token versions.
+        """
         if not self._seg.ids:
             raise ValueError("add_completion before any prompt: call observe_prompt first")
         if len(ids) != len(logprobs):
@@ -118,6 +126,12 @@ class TrajectoryBuilder:
             raise ValueError(f"engine logprobs must be finite and <= 0, got {bad[:3]}")
         version = -1 if weight_version is None else int(weight_version)
         self._seg.extend(list(ids), [float(x) for x in logprobs], version)
+        if version_spans:
+            first = len(self._seg.versions) - len(ids)
+            for span_version, start, end in version_spans:
+                v = -1 if span_version is None else int(span_version)
+                self._seg.versions[first + start : first + end] = [v] * (end - start)
+            version = max(self._seg.versions[first:], default=version)
         self._seg.turn_versions.append(version)
         self.num_turns += 1
 

@@ -147,3 +147,14 @@ def test_builder_rejects_misaligned_engine_output():
         builder.add_completion([2], [0.5], 0)
     with pytest.raises(ValueError, match="drift policy must be one of"):
         TrajectoryBuilder("ignore")
+
+
+def test_builder_tags_tokens_with_the_engines_version_spans():
+    builder = TrajectoryBuilder()
+    builder.observe_prompt([1, 2])
+    # a weight update landed after the engine sampled two of the four ids
+    builder.add_completion([3, 4, 5, 6], [-0.1] * 4, None, [(4, 0, 2), (5, 2, 4)])
+    traj = builder.build(messages=[], reward=0.0, turn_rewards=[], status=Status.COMPLETED)
+
+    assert traj.token_versions == [-1, -1, 4, 4, 5, 5]
+    assert traj.weight_versions == [5]

@@ -89,11 +89,15 @@ class RolloutManager:
             task.cancel()
 
     async def generate(
-        self, tasks: Sequence[dict], sampling: Any, *, num_groups: int | None = None
+        self, tasks: Sequence[dict | int], sampling: Any, *, num_groups: int | None = None
     ) -> RolloutBatch:
         """Play ``config.n`` episodes per task until ``num_groups`` groups (default: one per
         task) pass the group filter, launching at most ``ceil(num_groups * over_sampling)``
-        new groups; groups carried over from the previous call come first."""
+        new groups; groups carried over from the previous call come first.
+
+        A task is a dataset row (passed to the env as ``options["task"]``) or an int ``k``:
+        the env draws its own task from seed ``config.seed + k``.
+        """
         self._abort.clear()
         target = len(tasks) if num_groups is None else num_groups
         budget = min(len(tasks), math.ceil(target * self.config.over_sampling))
@@ -143,7 +147,7 @@ class RolloutManager:
             for task in getattr(group_task, "episodes", ()):
                 task.cancel()
 
-    def _launch_group(self, task: dict, sampling: Any) -> asyncio.Task:
+    def _launch_group(self, task: dict | int, sampling: Any) -> asyncio.Task:
         group_index = self._group_counter
         self._group_counter += 1
         episodes = [
@@ -165,10 +169,12 @@ class RolloutManager:
         return self._per_env[env_id]
 
     async def _episode(
-        self, task: dict, group_index: int, sample_index: int, sampling: Any
+        self, task: dict | int, group_index: int, sample_index: int, sampling: Any
     ) -> Trajectory:
-        env_id = task.get("env") or self.config.env_id
-        task_id = str(task.get("id", group_index))
+        # An int asks the env to draw its own task from the seed; a dict is a dataset row.
+        row = task if isinstance(task, dict) else None
+        env_id = (row or {}).get("env") or self.config.env_id
+        task_id = str(row.get("id", group_index)) if row is not None else f"seed-{task}"
         episode: Episode | None = None
         env = None
         status, error = Status.ABORTED, "aborted before it started"
@@ -179,14 +185,16 @@ class RolloutManager:
                 try:
                     async with asyncio.timeout(self.config.episode_timeout):
                         env = self.env_factory(env_id)
-                        seed = self.config.seed + group_index * 100_003 + sample_index
+                        # One seed per group: envs that draw tasks from it give every
+                        # episode of a group the same task.
+                        seed = self.config.seed + (task if row is None else group_index)
                         episode = Episode(
                             env,
                             self.llm_factory(),
                             sampling,
                             self.agent_config,
                             renderer=self.renderer,
-                            task=task,
+                            task=row,
                             seed=seed,
                         )
                         await episode.play()
