@@ -97,7 +97,7 @@ class ToolCall:
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:  # bad syntax, or nesting too deep
                 return cls(
                     name,
                     {},

@@ -15,6 +15,9 @@ from vime.types import Message, ToolCall
 log = logging.getLogger(__name__)
 
 _DECODER = json.JSONDecoder()
+# What decoding model-written JSON can raise: bad syntax, or nesting deeper than the C decoder's
+# recursion limit (a few thousand brackets).
+JSON_ERRORS = (ValueError, RecursionError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +162,7 @@ def call_from_object(obj: Any, raw: str, argument_keys: Sequence[str]) -> ToolCa
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except ValueError as e:
+        except JSON_ERRORS as e:
             return malformed(
                 raw, f"'{key}' of {name!r} is a string that is not valid JSON ({e})", name
             )
@@ -179,7 +182,7 @@ def decode_json_at(text: str, index: int) -> tuple[Any, int] | None:
     """Decode one JSON value starting at ``text[index]``; None when there is none."""
     try:
         return _DECODER.raw_decode(text, index)
-    except ValueError:
+    except JSON_ERRORS:
         return None
 
 

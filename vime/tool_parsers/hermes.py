@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from vime.tool_parsers.base import (
+    JSON_ERRORS,
     ToolCallParser,
     call_from_object,
     decode_json_at,
@@ -61,7 +62,7 @@ class HermesParser(ToolCallParser):
             return malformed(text[start:end], "empty <tool_call> block"), end
         try:
             obj = json.loads(inner)
-        except ValueError as e:
+        except JSON_ERRORS as e:
             return malformed(text[start:end], f"the <tool_call> block is not valid JSON ({e})"), end
         return call_from_object(obj, text[start:end], ("arguments", "parameters")), end
 

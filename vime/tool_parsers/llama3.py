@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from vime.tool_parsers.base import (
+    JSON_ERRORS,
     ToolCallParser,
     call_from_object,
     decode_json_at,
@@ -73,6 +74,6 @@ class Llama3JsonParser(ToolCallParser):
 def _json_error(text: str) -> str:
     try:
         json.loads(text)
-    except ValueError as e:
+    except JSON_ERRORS as e:
         return str(e)
     return "trailing text after the JSON object"

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vime.tool_parsers.base import ToolCallParser, malformed
+from vime.tool_parsers.base import JSON_ERRORS, ToolCallParser, malformed
 from vime.types import ToolCall
 
 _BLOCK = re.compile(
@@ -42,7 +42,7 @@ def _loads(text: str) -> Any:
 def _is_json(text: str) -> bool:
     try:
         _loads(text)
-    except ValueError:
+    except JSON_ERRORS:
         return False
     return True
 
@@ -113,7 +113,7 @@ def _value(text: str, is_string: bool) -> Any:
     text = text.removeprefix("\n").removesuffix("\n")
     try:
         value = _loads(text)
-    except ValueError:
+    except JSON_ERRORS:
         return text
     return value if isinstance(value, str) or not is_string else text
 
