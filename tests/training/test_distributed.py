@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_data import config, train_and_report
+from trainer_data import config, fail_on_rank_one, train_and_report
 
 from vime.training.launch import spawn
 from vime.training.torch_backend import TorchTrainer
@@ -36,15 +36,7 @@ def test_two_fsdp_processes_match_one_process(untied_qwen3, tmp_path):
         torch.testing.assert_close(p.detach(), ranks[0]["weights"][name], atol=0, rtol=0)
 
 
-def _fail_on_rank_one() -> int:
-    import torch.distributed as dist
-
-    if dist.get_rank() == 1:
-        raise RuntimeError("boom on purpose")
-    return dist.get_rank()
-
-
 @pytest.mark.slow
 def test_spawn_reports_the_failing_rank():
-    with pytest.raises(RuntimeError, match=r"rank 1 of _fail_on_rank_one failed:(.|\n)*boom"):
-        spawn(_fail_on_rank_one, 2, timeout=120)
+    with pytest.raises(RuntimeError, match=r"rank 1 of fail_on_rank_one failed:(.|\n)*boom"):
+        spawn(fail_on_rank_one, 2, timeout=120)

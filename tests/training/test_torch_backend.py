@@ -20,7 +20,7 @@ def reference_logprobs(model, token_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits[0]
     lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
-    return torch.cat([torch.zeros(1, dtype=torch.float64), lp])
+    return torch.cat([lp.new_zeros(1), lp])
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "untied_qwen3"])
@@ -143,3 +143,27 @@ def test_export_names_and_tensors_equal_the_hf_checkpoint(tiny_llama, untied_qwe
 def test_export_rejects_a_non_positive_bucket(untied_qwen3):
     with pytest.raises(ValueError, match="bucket_bytes must be > 0, got 0"):
         next(TorchTrainer(config(untied_qwen3)).export_weights(bucket_bytes=0))
+
+
+@pytest.mark.parametrize("shard_bytes", [1 << 30, 300_000])
+def test_save_hf_writes_a_loadable_folder_of_the_trained_weights(tiny_llama, tmp_path, shard_bytes):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    trainer = TorchTrainer(config(tiny_llama))
+    batch = make_batch(6, num_samples=2)
+    trainer.train_step(batch)
+    out = trainer.save_hf(tmp_path / "hf", max_shard_bytes=shard_bytes)
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+    if shard_bytes > 1 << 20:
+        assert "model.safetensors" in names
+    else:
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        assert len(set(index["weight_map"].values())) > 1
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    expected = trainer.compute_logprobs(batch)
+    for sample, lp in zip(batch, expected, strict=True):
+        ref = reference_logprobs(reloaded, sample.token_ids)
+        torch.testing.assert_close(ref, lp, atol=1e-5, rtol=0)

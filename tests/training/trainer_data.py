@@ -86,3 +86,12 @@ def train_and_report(model: Path, steps: int, save_dir: Path | None = None) -> d
     if save_dir is not None:
         trainer.save(save_dir)
     return {"logprobs": logprobs, "metrics": metrics, "weights": weights}
+
+
+def fail_on_rank_one() -> int:
+    """Raise on rank 1 of the process group; return the rank elsewhere."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("boom on purpose")
+    return dist.get_rank()

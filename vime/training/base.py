@@ -138,5 +138,15 @@ class Trainer(abc.ABC):
     def load(self, directory: str | Path) -> None:
         """Restore everything ``save`` wrote; raises ``CheckpointError`` when it cannot."""
 
+    def save_hf(self, directory: str | Path, *, max_shard_bytes: int = 2 << 30) -> Path:
+        """Write the current weights as an HF model folder (collective; rank 0 writes).
+
+        Safetensors shards under the HF names of :meth:`export_weights`, plus the config and
+        tokenizer files of ``config.hf_checkpoint``; engines can reload weights from it.
+        """
+        from vime.training.hf_export import save_hf_checkpoint
+
+        return save_hf_checkpoint(self, directory, max_shard_bytes=max_shard_bytes)
+
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing to free
         """Release processes or memory the backend holds."""
