@@ -89,13 +89,13 @@ def _traj(i: int) -> Trajectory:
 
 def test_checkpoint_round_trips_state_buffer_and_python_rng(tmp_path: Path) -> None:
     random.seed(5)
-    state = RunState(step=3, data_position=12, weight_version=3, trained_sample_ids=["a@0"])
+    state = RunState(step=3, data_position=12, weight_version=3, trained_samples=8)
     path = save_checkpoint(tmp_path, state, [_traj(7)], lambda d: d.mkdir())
     expected_next = random.random()
     random.seed(99)
     loaded, buffer = load_checkpoint(latest_checkpoint(tmp_path))
     assert path.name == "step_000003" and (path / "trainer").is_dir()
-    assert (loaded.step, loaded.data_position, loaded.trained_sample_ids) == (3, 12, ["a@0"])
+    assert (loaded.step, loaded.data_position, loaded.trained_samples) == (3, 12, 8)
     assert buffer[0].token_ids == [1, 2, 7] and buffer[0].logprobs == [0.0, -0.5, -0.25]
     assert random.random() == expected_next
 

@@ -22,6 +22,7 @@ def add_command(
     ``accepts`` lists the forwarded flag families the command takes: ``"vllm"``,
     ``"router"`` and ``"passthrough"`` (any other unknown flag, e.g. Megatron's).
     """
+    kwargs.setdefault("allow_abbrev", False)  # an abbreviation would hide a forwarded flag
     parser = subparsers.add_parser(name, help=help, description=help, **kwargs)
 
     def run(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full ``vime`` parser with every available subcommand."""
     parser = argparse.ArgumentParser(
         prog="vime",
+        allow_abbrev=False,
         description="Vime: environment-centric agentic RL for LLMs, in the Gym style.",
         epilog=(
             "Flags named --vllm-X are forwarded to every vLLM engine as --X, --router-X to "
@@ -65,6 +66,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ``args.router_args`` for commands that start engines; other unknown flags land in
     ``args.passthrough_args`` for commands that accept them (Megatron), else are an error.
     """
+    if argv and argv[0] == "train" and "--quickstart" in argv:
+        from vime.cli.train_cmd import QUICKSTART
+
+        argv = ["train", "--config", str(QUICKSTART), *argv[1:]]
     if argv and argv[0] in {"serve", "rollout", "train", "eval"}:
         argv = [argv[0], *expand_config_flag(argv[1:])]
     parser = build_parser()

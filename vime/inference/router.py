@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from vime.inference.errors import InferenceError
+from vime.inference.processes import free_port
 
 SESSION_HEADER = "X-Session-Id"
 
@@ -45,6 +46,9 @@ def router_argv(host: str, port: int, workers: list[str], extra: list[str]) -> l
         # Workers are added only once healthy; a short timeout bounds a bad add.
         "--worker-startup-timeout-secs": ["30"],
         "--log-level": ["warning"],
+        # The router's metrics port is fixed (29000) by default, so a second router on the
+        # same machine would die at start: give each one a free port.
+        "--prometheus-port": [str(free_port(host))],
     }
     for flag, values in defaults.items():
         if not _has_flag(extra, flag):

@@ -33,7 +33,7 @@ class RunState:
     step: int = 0  # optimizer steps done
     data_position: int = 0  # tasks consumed from the data stream
     weight_version: int = 0
-    trained_sample_ids: list[str] = field(default_factory=list)
+    trained_samples: int = 0  # lines of trained_samples.jsonl that belong to this state
     python_rng: Any = None
     counters: dict[str, float] = field(default_factory=dict)
 

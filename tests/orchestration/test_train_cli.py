@@ -1,0 +1,78 @@
+"""`vime train` flag composition: one typed config per component, clear errors, dry runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from vime.cli.main import main, parse_args
+from vime.cli.train_cmd import build_setup
+from vime.errors import ConfigError
+
+
+def setup_of(*argv: str):
+    return build_setup(parse_args(["train", "--model", "m", "--env", "vime/Math-v0", *argv]))
+
+
+def test_one_flag_sets_every_component_that_shares_it() -> None:
+    s = setup_of("--seed", "7", "--rollout-temperature", "0.7", "--vllm-max-model-len", "512")
+    assert (s.run.seed, s.rollout.seed, s.trainer.seed) == (7, 7, 7)
+    assert s.trainer.rollout_temperature == 0.7  # the trainer divides logits by it
+    assert s.trainer.hf_checkpoint == s.serve.model == "m"
+    assert s.serve.vllm_args == ["--max-model-len", "512"]
+
+
+def test_component_flags_land_in_their_typed_configs() -> None:
+    s = setup_of(
+        "--lr",
+        "3e-6",
+        "--n",
+        "8",
+        "--eps-clip-high",
+        "0.28",
+        "--advantage-estimator",
+        "rloo",
+        "--max-turns",
+        "4",
+    )
+    assert s.trainer.lr == 3e-6 and s.rollout.n == 8 and s.agent.max_turns == 4
+    assert s.loss.eps_clip_high == 0.28 and s.advantage.advantage_estimator == "rloo"
+
+
+def test_async_mode_turns_on_off_policy_correction_by_default() -> None:
+    assert setup_of("--mode", "async").loss.tis_cap == 2.0
+    assert setup_of("--mode", "async", "--tis-cap", "5").loss.tis_cap == 5.0
+    assert setup_of().loss.tis_cap is None
+
+
+def test_megatron_flags_pass_through_only_with_the_megatron_backend() -> None:
+    s = setup_of("--backend", "megatron", "--tensor-model-parallel-size", "2")
+    assert s.megatron_args == ["--tensor-model-parallel-size", "2"]
+    with pytest.raises(ConfigError, match="only with --backend megatron"):
+        setup_of("--tensor-model-parallel-size", "2")
+
+
+def test_contradictory_flags_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--mode async overlaps rollouts"):
+        setup_of("--mode", "async", "--colocate")
+    with pytest.raises(ConfigError, match="must equal --trainer-num-processes"):
+        setup_of("--colocate", "--rollout-num-engines", "2").placement("CPU")
+
+
+def test_unknown_flags_get_an_error_with_a_suggestion(capsys) -> None:
+    assert main(["train", "--model", "m", "--env", "e", "--num-step", "3"]) == 2
+    assert "Did you mean --num-steps" in capsys.readouterr().err
+
+
+def test_quickstart_dry_run_prints_the_plan_and_starts_nothing() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "vime", "train", "--quickstart", "--dry-run", "--num-steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "env: vime/Math-v0, 4 tasks x 4 samples per step, 3 steps" in out.stdout
+    assert "bundle 0: {CPU=1} <- engine 0 (tp rank 0)" in out.stdout

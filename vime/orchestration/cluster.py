@@ -1,0 +1,196 @@
+"""The running pieces of a training run on Ray: trainer ranks and the inference service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from typing import Any
+
+from vime.orchestration.placement import PlacementPlan, plan_placement
+from vime.orchestration.setup import TrainSetup
+
+log = logging.getLogger(__name__)
+
+
+def detect_device() -> str:
+    """GPU when this machine (the driver's) sees CUDA devices, else CPU."""
+    import torch
+
+    return "GPU" if torch.cuda.is_available() else "CPU"
+
+
+class Cluster:
+    """Creates the placement groups and actors of a plan, and talks to them."""
+
+    def __init__(self, setup: TrainSetup, device: str) -> None:
+        self.setup = setup
+        self.device = device
+        self.plan: PlacementPlan = plan_placement(setup.placement(device))
+        self.trainers: list[Any] = []
+        self.inference: Any = None
+        self.info: dict[str, Any] = {}
+        self._groups: dict[str, Any] = {}
+        self.run_id = uuid.uuid4().hex[:8]
+
+    @property
+    def base_url(self) -> str:
+        """The router's OpenAI base URL."""
+        return self.info["base_url"]
+
+    @property
+    def model_name(self) -> str:
+        """The model name the engines serve."""
+        return self.info["model_name"]
+
+    def start(self) -> None:
+        """Place and start the trainer ranks and the inference service."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from vime.orchestration.ray_cluster import create_placement_groups
+        from vime.orchestration.workers import InferenceWorker, TrainerWorker
+
+        self._groups = create_placement_groups(self.plan)
+        gpu = 1.0 if self.device == "GPU" else 0.0
+        trainer_pg = self._groups[self.plan.trainer_group]
+        engine_pg = self._groups[self.plan.engine_group]
+        share_t, share_e = self.plan.trainer_device_share, self.plan.engine_device_share
+        bundles = self.plan.groups[self.plan.trainer_group]
+        cpus = [b.resources["CPU"] for b in bundles]
+        world = self.setup.run.trainer_num_processes
+        # Engines need no Ray CPU of their own beyond their actor: vLLM's processes are its
+        # children. On CPU, sync mode lets the trainer use every core between rollouts.
+        all_cores = os.cpu_count() or 1
+        threads = all_cores if self.setup.run.mode == "sync" else max(1, all_cores // 2)
+        threads = max(1, threads // world)
+
+        def strategy(pg: Any, index: int) -> Any:
+            return PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=index
+            )
+
+        engine_gpu_ids = self._engine_gpu_ids(engine_pg, gpu, share_e)
+        worker_cls = ray.remote(InferenceWorker)
+        serve = self.setup.serve
+        self.inference = worker_cls.options(
+            num_cpus=min(cpus[0], 1.0) * share_e,
+            num_gpus=0,
+            scheduling_strategy=strategy(engine_pg, 0),
+            runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(engine_gpu_ids)}}
+            if engine_gpu_ids
+            else None,
+        ).remote(serve)
+        starting = self.inference.start.remote()
+
+        master = None
+        trainer_cls = ray.remote(TrainerWorker)
+        for rank in range(world):
+            options: dict[str, Any] = {
+                "num_cpus": cpus[rank] * share_t,
+                "num_gpus": gpu * share_t,
+                "scheduling_strategy": strategy(trainer_pg, rank),
+            }
+            if master is None:
+                probe = ray.remote(_node_and_port).options(**options).remote()
+                master = ray.get(probe)
+            self.trainers.append(
+                trainer_cls.options(**options).remote(
+                    self.setup.trainer,
+                    self.setup.loss,
+                    rank=rank,
+                    world_size=world,
+                    master_addr=master[0],
+                    master_port=master[1],
+                    num_threads=threads,
+                )
+            )
+        ray.get([t.weight_version.remote() for t in self.trainers])  # constructed
+        self.info = ray.get(starting)
+        self.trainer_node = ray.get(self.trainers[0].node.remote())
+        log.info("engines at %s (router %s)", self.info["engine_urls"], self.base_url)
+
+    def _engine_gpu_ids(self, pg: Any, gpu: float, share: float) -> list[str]:
+        """The GPU ids Ray reserved for each engine bundle (vLLM takes them itself)."""
+        if not gpu:
+            return []
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ids = []
+        for index in range(len(self.plan.groups[self.plan.engine_group])):
+            probe = ray.remote(_gpu_ids).options(
+                num_cpus=0,
+                num_gpus=gpu * share,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=index
+                ),
+            )
+            ids += ray.get(probe.remote())
+        return ids
+
+    def trainer_call(self, method: str, *args: Any) -> Any:
+        """Call ``method`` on every trainer rank (a collective) and return rank 0's result."""
+        import ray
+
+        return ray.get([getattr(t, method).remote(*args) for t in self.trainers])[0]
+
+    def export_weights_folder(self, name: str) -> str:
+        """Have the trainer write its weights into a folder on the trainer's node."""
+        from vime.inference.weights import weights_root
+
+        folder = str(weights_root() / f"{self.run_id}-{name}")
+        return self.trainer_call("export_to_folder", folder)
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Trainer weights into every engine as ``version`` (through /dev/shm or Ray)."""
+        import ray
+
+        folder = self.export_weights_folder(f"v{version}")
+        if self.trainer_node == self.info["node"]:
+            return ray.get(self.inference.update_from_folder.remote(folder, version))
+        files = self.trainers[0].read_folder.remote(folder)
+        try:
+            return ray.get(self.inference.update_from_files.remote(files, version))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def pause_engines(self) -> None:
+        """Colocated placement: stop generation while the trainer uses the devices."""
+        import ray
+
+        ray.get(self.inference.pause.remote())
+
+    def stop(self) -> None:
+        """Stop the engines and router, then the actors and placement groups."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self.inference is not None:
+            try:
+                ray.get(self.inference.stop.remote(), timeout=120)
+            except Exception as exc:  # the actor may already be gone
+                log.warning("stopping the inference service: %s", exc)
+        for actor in [*self.trainers, self.inference]:
+            if actor is not None:
+                ray.kill(actor)
+        for pg in self._groups.values():
+            remove_placement_group(pg)
+
+
+def _node_and_port() -> tuple[str, int]:
+    import socket
+
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+def _gpu_ids() -> list[str]:
+    import ray
+
+    return [str(g) for g in ray.get_gpu_ids()]

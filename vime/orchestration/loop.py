@@ -1,0 +1,287 @@
+"""The RL loop: rollouts from vLLM engines, a trainer step, weights back into the engines.
+
+``run_training(setup)`` places a trainer (one Ray actor per rank) and the inference service
+(engines + router, one Ray actor) on a Ray cluster, then runs steps synchronously
+(on-policy) or asynchronously (rollouts of the next steps overlap training, bounded by
+``--max-staleness``), with checkpoints, HF exports, evaluation and metrics along the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from vime.orchestration.batching import PreparedBatch, prepare_batch, rollout_metrics
+from vime.orchestration.cluster import Cluster
+from vime.orchestration.export import export_hf_folder
+from vime.orchestration.metrics_log import MetricsLogger
+from vime.orchestration.run_state import (
+    RunState,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from vime.orchestration.setup import TrainSetup
+from vime.orchestration.task_stream import TaskStream
+from vime.orchestration.tasks import eval_tasks_for, train_tasks_for
+from vime.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+SUMMARY_KEYS = [
+    "rollout/reward_mean",
+    "rollout/accuracy",
+    "rollout/response_len_mean",
+    "train/loss",
+    "train/grad_norm",
+    "mismatch/abs_diff_mean",
+    "eval/mean_reward",
+    "eval/pass@1",
+    "time/rollout_s",
+    "time/train_s",
+    "time/sync_s",
+]
+
+
+class RLLoop:
+    """One training run over a started :class:`Cluster`."""
+
+    def __init__(self, setup: TrainSetup, cluster: Cluster, logger: MetricsLogger) -> None:
+        from vime.agents.template import ChatTemplateRenderer
+        from vime.inference.client import SamplingParams, VimeClient
+        from vime.rollout import RolloutManager
+
+        self.setup = setup
+        self.run = setup.run
+        self.cluster = cluster
+        self.logger = logger
+        self.out = Path(self.run.output_dir)
+        self.state = RunState()
+        self.buffer: list[list[Trajectory]] = []
+        client = VimeClient(cluster.base_url, model=cluster.model_name)
+        from transformers import AutoTokenizer
+
+        renderer = ChatTemplateRenderer(AutoTokenizer.from_pretrained(self.run.model))
+        self.manager = RolloutManager(setup.rollout, lambda: client, setup.agent, renderer=renderer)
+        eval_rollout = type(setup.rollout)(
+            **{**setup.rollout.__dict__, "n": 1, "partial_rollout": False, "group_filter": None}
+        )
+        self.eval_manager = RolloutManager(
+            eval_rollout, lambda: client, setup.agent, renderer=renderer
+        )
+        self.sampling = SamplingParams(
+            temperature=self.run.rollout_temperature,
+            top_p=self.run.rollout_top_p,
+            max_tokens=self.run.rollout_max_response_len,
+        )
+        self.eval_sampling = SamplingParams(
+            temperature=0.0, max_tokens=self.run.rollout_max_response_len
+        )
+        self.stream = TaskStream(train_tasks_for(setup), seed=self.run.seed)
+        self.eval_set = eval_tasks_for(setup) if self.run.eval_interval else []
+        self.step_times: list[float] = []
+
+    # -- state ------------------------------------------------------------------------
+    def restore(self) -> bool:
+        """Load the latest checkpoint of ``--output-dir``; False when there is none."""
+        path = latest_checkpoint(self.out / "checkpoints")
+        if path is None:
+            return False
+        self.state, flat = load_checkpoint(path)
+        self.cluster.trainer_call("load", str(path / "trainer"))
+        groups: dict[int, list[Trajectory]] = {}
+        for t in flat:
+            groups.setdefault(int(t.metadata.get("group", 0)), []).append(t)
+        self.buffer = list(groups.values())
+        self.stream.position = self.state.data_position
+        _truncate_lines(self.out / "trained_samples.jsonl", self.state.trained_samples)
+        self.cluster.sync_weights(self.state.weight_version)
+        log.info("resumed from %s at step %d", path, self.state.step)
+        return True
+
+    def checkpoint(self, data_position: int) -> Path:
+        """Save trainer, loop state and unconsumed rollouts atomically."""
+        self.state.data_position = data_position
+        flat = [t for g in self.buffer for t in g]
+        path = save_checkpoint(
+            self.out / "checkpoints",
+            self.state,
+            flat,
+            lambda d: self.cluster.trainer_call("save", str(d)),
+        )
+        prune_checkpoints(self.out / "checkpoints", self.run.keep_checkpoints)
+        return path
+
+    # -- one step ---------------------------------------------------------------------
+    async def rollout(self) -> tuple[list[list[Trajectory]], dict[str, float], int]:
+        """Play one step's tasks; returns groups, metrics and the stream position before."""
+        start_position = self.stream.position
+        tasks = []
+        for sample_id, task in self.stream.take(self.run.rollout_batch_size):
+            tasks.append({**task, "id": sample_id, "source_id": task.get("id")})
+        t = time.perf_counter()
+        batch = await self.manager.generate(tasks, self.sampling)
+        metrics = {f"rollout/{k}": v for k, v in batch.metrics.items()}
+        metrics["time/rollout_s"] = time.perf_counter() - t
+        return batch.groups, metrics, start_position
+
+    def train(self, groups: list[list[Trajectory]], max_staleness: int | None) -> dict[str, float]:
+        """Advantages, one optimizer step, weights to the engines; returns metrics."""
+        from vime.training.batch import TrainBatch, TrainSample
+
+        prepared: PreparedBatch = prepare_batch(
+            groups,
+            self.setup.advantage,
+            current_version=self.state.weight_version,
+            max_staleness=max_staleness,
+        )
+        metrics = rollout_metrics([t for g in groups for t in g])
+        metrics.update({f"rollout/dropped_{k}": float(v) for k, v in prepared.dropped.items()})
+        if not prepared.trajectories:
+            log.warning(
+                "step %d: no trajectory could train (%s); skipping",
+                self.state.step,
+                prepared.dropped,
+            )
+            return metrics
+        samples = [
+            TrainSample.from_trajectory(t, a, sample_id=t.task_id + f"/{t.sample_index}")
+            for t, a in zip(prepared.trajectories, prepared.advantages, strict=True)
+        ]
+        t0 = time.perf_counter()
+        if self.run.colocate:
+            self.cluster.pause_engines()
+        train_metrics = self.cluster.trainer_call("train_step", TrainBatch(samples))
+        metrics["time/train_s"] = time.perf_counter() - t0
+        metrics.update(_prefixed(train_metrics, "train/"))
+        t1 = time.perf_counter()
+        self.state.weight_version += 1
+        metrics.update(self.cluster.sync_weights(self.state.weight_version))
+        metrics["time/sync_s"] = time.perf_counter() - t1
+        with (self.out / "trained_samples.jsonl").open("a") as f:
+            for s in samples:
+                f.write(json.dumps({"step": self.state.step, "sample_id": s.sample_id}) + "\n")
+        self.state.trained_samples += len(samples)
+        return metrics
+
+    def after_step(
+        self, metrics: dict[str, float], groups: list[list[Trajectory]], data_position: int
+    ) -> None:
+        """Dumps, logging, checkpoints, exports and evaluation once a step is done."""
+        self.state.step += 1
+        step = self.state.step
+        if self.run.dump_trajectories:
+            from vime.rollout import write_jsonl
+
+            dump_dir = self.out / "trajectories"
+            dump_dir.mkdir(parents=True, exist_ok=True)
+            write_jsonl(dump_dir / f"step_{step:06d}.jsonl", [t for g in groups for t in g])
+        metrics["weight_version"] = float(self.state.weight_version)
+        self.logger.log(step, metrics)
+        last = step >= self.run.num_steps
+        if last or (self.run.save_interval and step % self.run.save_interval == 0):
+            self.checkpoint(data_position)
+        if last or (self.run.export_interval and step % self.run.export_interval == 0):
+            self.export(step)
+
+    async def evaluate(self) -> dict[str, float]:
+        """Greedy pass@1 and mean reward on the held-out tasks."""
+        if not self.eval_set:
+            return {}
+        t = time.perf_counter()
+        batch = await self.eval_manager.generate(self.eval_set, self.eval_sampling)
+        finished = [t for t in batch.trajectories if t.error is None]
+        rewards = [t.reward for t in finished]
+        correct = [float(t.metrics.get("correct", t.reward > 0)) for t in finished]
+        return {
+            "eval/mean_reward": sum(rewards) / max(len(rewards), 1),
+            "eval/pass@1": sum(correct) / max(len(correct), 1),
+            "eval/failed": float(len(batch.trajectories) - len(finished)),
+            "time/eval_s": time.perf_counter() - t,
+        }
+
+    def export(self, step: int) -> Path:
+        """Write ``exports/step_<N>`` as a plain HF folder."""
+        folder = self.cluster.export_weights_folder(f"export-{uuid.uuid4().hex[:8]}")
+        try:
+            return export_hf_folder(
+                folder, self.run.model, self.out / "exports" / f"step_{step:06d}"
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # -- drivers ----------------------------------------------------------------------
+    async def run_sync(self, progress: Any) -> None:
+        """On-policy: each step's rollouts use the weights of the step before."""
+        while self.state.step < self.run.num_steps:
+            if self.run.eval_interval and self.state.step == 0 and not self.logger.history:
+                self.logger.log(0, await self.evaluate())
+            groups, metrics, _ = await self.rollout()
+            metrics.update(await asyncio.to_thread(self.train, groups, None))
+            await self._finish_step(metrics, groups, self.stream.position, progress)
+
+    async def run_async(self, progress: Any) -> None:
+        """Rollouts for the next steps run while the trainer trains (bounded staleness)."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=max(1, self.run.max_staleness))
+        for group in self.buffer:
+            await queue.put(([group], {}, self.state.data_position))
+        self.buffer = []
+        positions: list[int] = []
+
+        async def produce() -> None:
+            while True:
+                positions.append(self.stream.position)
+                item = await self.rollout()
+                await queue.put(item)
+                positions.pop(0)
+
+        producer = asyncio.create_task(produce())
+        try:
+            while self.state.step < self.run.num_steps:
+                groups, metrics, _ = await queue.get()
+                metrics = dict(metrics)
+                metrics.update(await asyncio.to_thread(self.train, groups, self.run.max_staleness))
+                metrics["async/queue_size"] = float(queue.qsize())
+                # What is queued is not trained yet: it goes into the checkpoint's buffer,
+                # and the task being rolled out now is replayed after a resume.
+                self.buffer = [g for item in list(queue._queue) for g in item[0]]  # type: ignore[attr-defined]
+                resume_at = positions[0] if positions else self.stream.position
+                await self._finish_step(metrics, groups, resume_at, progress)
+        finally:
+            producer.cancel()
+            self.manager.abort()
+            await asyncio.gather(producer, return_exceptions=True)
+
+    async def _finish_step(
+        self, metrics: dict[str, float], groups: list, position: int, progress: Any
+    ) -> None:
+        step = self.state.step + 1
+        if self.run.eval_interval and step % self.run.eval_interval == 0:
+            metrics.update(await self.evaluate())
+        await asyncio.to_thread(self.after_step, metrics, groups, position)
+        self.step_times.append(
+            sum(metrics.get(k, 0.0) for k in ("time/rollout_s", "time/train_s", "time/sync_s"))
+        )
+        progress(self.state.step, metrics)
+
+
+def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    return {(k if "/" in k else prefix + k): v for k, v in metrics.items()}
+
+
+def _truncate_lines(path: Path, keep: int) -> None:
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    if len(lines) != keep:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(lines[:keep]))
+        os.replace(tmp, path)

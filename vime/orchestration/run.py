@@ -1,0 +1,153 @@
+"""``run_training``: the Python API behind ``vime train``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from vime.errors import ConfigError
+from vime.orchestration.cluster import Cluster, detect_device
+from vime.orchestration.loop import SUMMARY_KEYS, RLLoop
+from vime.orchestration.metrics_log import MetricsLogger, summary_table
+from vime.orchestration.placement import plan_placement
+from vime.orchestration.ray_cluster import RayConfig, ray_cluster
+from vime.orchestration.setup import TrainSetup
+
+log = logging.getLogger(__name__)
+
+
+def resolve_model(model: str) -> str:
+    """A model folder path; ``smollm2`` is the bundled SmolLM2-135M-Instruct."""
+    if model == "smollm2":
+        from vime.models.smollm2 import smollm2_path
+
+        return str(smollm2_path())
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"--model {model}: not an HF model folder (no config.json); give a folder, or "
+            "'smollm2' for the bundled SmolLM2-135M-Instruct"
+        )
+    return str(path.resolve())
+
+
+def describe(setup: TrainSetup, device: str) -> str:
+    """The dry-run report: configs and placement plan."""
+    plan = plan_placement(setup.placement(device))
+    lines = [
+        f"device: {device}",
+        f"mode: {setup.run.mode}"
+        + (f" (max staleness {setup.run.max_staleness})" if setup.run.mode == "async" else ""),
+        f"placement: {'colocated' if setup.run.colocate else 'disaggregated'}",
+        f"env: {setup.rollout.env_id}, {setup.run.rollout_batch_size} tasks x {setup.rollout.n} "
+        f"samples per step, {setup.run.num_steps} steps",
+        f"trainer: {setup.trainer.backend} backend, lr {setup.trainer.lr}, "
+        f"{setup.run.trainer_num_processes} process(es)",
+        f"loss: {setup.loss.policy_loss}, advantages: {setup.advantage.advantage_estimator}",
+        f"engines: {setup.serve.rollout_num_engines} x TP {setup.serve.rollout_num_gpus_per_engine}"
+        + (f", vLLM flags {' '.join(setup.serve.vllm_args)}" if setup.serve.vllm_args else "")
+        + (
+            f", router flags {' '.join(setup.serve.router_args)}" if setup.serve.router_args else ""
+        ),
+    ]
+    if setup.megatron_args:
+        lines.append(f"megatron flags: {' '.join(setup.megatron_args)}")
+    lines.append(plan.describe())
+    return "\n".join(lines)
+
+
+class _Progress:
+    """One line per step with phase times and an ETA."""
+
+    def __init__(self, total: int, start_step: int) -> None:
+        self.total = total
+        self.start_step = start_step
+        self.started = time.monotonic()
+
+    def __call__(self, step: int, m: dict[str, Any]) -> None:
+        done = step - self.start_step
+        per_step = (time.monotonic() - self.started) / max(done, 1)
+        eta = per_step * (self.total - step)
+        reward = m.get("rollout/reward_mean", float("nan"))
+        print(
+            f"step {step}/{self.total} | reward {reward:.3f} | rollout {m.get('time/rollout_s', 0):.1f}s "
+            f"train {m.get('time/train_s', 0):.1f}s sync {m.get('time/sync_s', 0):.1f}s | "
+            f"ETA {eta / 60:.1f} min",
+            flush=True,
+        )
+
+
+def run_training(setup: TrainSetup) -> dict[str, Any]:
+    """Run (or, with ``--dry-run``, only validate and describe) an RL training run."""
+    device = detect_device()
+    if setup.run.dry_run:
+        print(describe(setup, device))
+        return {"dry_run": True}
+    setup = setup.with_model(resolve_model(setup.run.model))
+    out = Path(setup.run.output_dir)
+    if not setup.run.resume and (out / "checkpoints" / "latest").exists():
+        raise ConfigError(
+            f"--output-dir {out} already holds a run; pass --resume to continue it or choose "
+            "another --output-dir"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(_config_dict(setup), indent=2, default=str))
+    logger = MetricsLogger(out, wandb_project=setup.run.wandb_project)
+    print(describe(setup, device), flush=True)
+    with ray_cluster(RayConfig(address=setup.run.ray_address)):
+        cluster = Cluster(setup, device)
+        try:
+            t = time.monotonic()
+            cluster.start()
+            print(
+                f"trainer and engines ready in {time.monotonic() - t:.0f}s; router {cluster.base_url}",
+                flush=True,
+            )
+            loop = RLLoop(setup, cluster, logger)
+            if setup.run.resume and not loop.restore():
+                print("--resume: no checkpoint yet, starting from step 0")
+            progress = _Progress(setup.run.num_steps, loop.state.step)
+            runner = loop.run_async if setup.run.mode == "async" else loop.run_sync
+            asyncio.run(runner(progress))
+        finally:
+            cluster.stop()
+            logger.close()
+    history = logger.history
+    summary = _summary(history, out, logger)
+    print(summary["text"], flush=True)
+    return summary
+
+
+def _summary(history: list[dict[str, float]], out: Path, logger: MetricsLogger) -> dict[str, Any]:
+    rewards = [h["rollout/reward_mean"] for h in history if "rollout/reward_mean" in h]
+    text = [summary_table(history, SUMMARY_KEYS)]
+    if rewards:
+        text.append(f"reward: {rewards[0]:.3f} at the first step -> {rewards[-1]:.3f} at the last")
+    text.append(
+        f"TensorBoard logs: {logger.tensorboard_dir}  (tensorboard --logdir {logger.tensorboard_dir})"
+    )
+    text.append(f"trajectory dumps: {out / 'trajectories'}")
+    text.append(f"checkpoints: {out / 'checkpoints'}; exported HF model: {out / 'exports'}")
+    return {
+        "text": "\n".join(text),
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "history": history,
+    }
+
+
+def _config_dict(setup: TrainSetup) -> dict[str, Any]:
+    import dataclasses
+
+    return {
+        f.name: (
+            dataclasses.asdict(getattr(setup, f.name))
+            if dataclasses.is_dataclass(getattr(setup, f.name))
+            else getattr(setup, f.name)
+        )
+        for f in dataclasses.fields(setup)
+    }

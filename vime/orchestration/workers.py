@@ -1,0 +1,168 @@
+"""Ray actors of the RL loop: trainer ranks and the inference service (engines + router).
+
+Each actor runs in a process Ray places in a bundle of the placement plan. The trainer's
+weights reach the engines as safetensors files in the engines' node memory (``/dev/shm``):
+written there directly when both share a node, copied through Ray's object store otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+
+def node_ip() -> str:
+    """This process's node address as Ray sees it."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+class TrainerWorker:
+    """One trainer rank: builds the backend and runs its collective calls."""
+
+    def __init__(
+        self,
+        trainer_config: Any,
+        loss_config: Any,
+        *,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        num_threads: int,
+    ) -> None:
+        import torch
+
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK="0",
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
+        torch.set_num_threads(max(1, num_threads))
+        if world_size > 1:
+            import torch.distributed as dist
+
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, rank=rank, world_size=world_size)
+        from vime.training import create_trainer
+
+        self.rank = rank
+        self.trainer = create_trainer(trainer_config, loss=loss_config)
+
+    def node(self) -> str:
+        """The node this rank runs on."""
+        return node_ip()
+
+    def weight_version(self) -> int:
+        """Optimizer steps applied so far."""
+        return self.trainer.weight_version
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One optimizer step on the global batch."""
+        return self.trainer.train_step(batch)
+
+    def compute_logprobs(self, batch: Any) -> list[Any]:
+        """The current policy's per-token logprobs."""
+        return self.trainer.compute_logprobs(batch)
+
+    def export_to_folder(self, folder: str) -> str | None:
+        """Write the full weights as safetensors buckets into ``folder`` (rank 0 only)."""
+        from vime.inference.weights import write_weights
+
+        buckets = self.trainer.export_weights()
+        if self.rank != 0:
+            for _ in buckets:  # collective: every rank walks the export
+                pass
+            return None
+        return str(write_weights(buckets, folder))
+
+    def read_folder(self, folder: str) -> dict[str, bytes]:
+        """The files of a weights folder, for a copy to another node."""
+        return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
+
+    def save(self, directory: str) -> str:
+        """Checkpoint the trainer (collective)."""
+        return str(self.trainer.save(directory))
+
+    def load(self, directory: str) -> None:
+        """Restore a trainer checkpoint (collective)."""
+        self.trainer.load(directory)
+
+
+class InferenceWorker:
+    """The inference service (N engines + router) on the engines' node."""
+
+    def __init__(self, serve_config: Any) -> None:
+        from vime.inference.service import InferenceService
+
+        self.service = InferenceService(serve_config)
+        self._folder: str | None = None
+
+    def start(self) -> dict[str, Any]:
+        """Start engines and router; returns the URLs to use."""
+        self.service.start()
+        return {
+            "base_url": self.service.base_url,
+            "engine_urls": self.service.engine_urls,
+            "model_name": self.service.model_name,
+            "node": node_ip(),
+        }
+
+    def update_from_folder(self, folder: str, version: int) -> dict[str, float]:
+        """Load weights written on this node into every engine as ``version``."""
+        report = self.service.update_weights(folder, version)
+        self._retire(folder)
+        return {
+            "sync/pause_s": report.pause_s,
+            "sync/load_s": report.load_s,
+            "sync/resume_s": report.resume_s,
+            "sync/bytes": float(report.bytes_loaded),
+        }
+
+    def update_from_files(self, files: dict[str, bytes], version: int) -> dict[str, float]:
+        """Write weight files received from another node, then load them."""
+        from vime.inference.weights import weights_root
+
+        folder = weights_root() / f"recv-{socket.gethostname()}-{os.getpid()}-v{version}"
+        tmp = folder.with_name(folder.name + ".partial")
+        tmp.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        tmp.rename(folder)
+        return self.update_from_folder(str(folder), version)
+
+    def _retire(self, folder: str) -> None:
+        # The service reloads the newest folder into a restarted engine, so only older
+        # folders may go.
+        from vime.inference.weights import remove_weights
+
+        if self._folder and self._folder != folder:
+            remove_weights(self._folder)
+        self._folder = folder
+
+    def pause(self) -> None:
+        """Stop the engines from generating (colocated training runs meanwhile)."""
+        self._post_all("/pause", params={"mode": "wait"})
+
+    def resume(self) -> None:
+        """Let the engines generate again."""
+        self._post_all("/resume")
+
+    def _post_all(self, path: str, **kwargs: Any) -> None:
+        import httpx
+
+        for url in self.service.engine_urls:
+            httpx.post(f"{url}{path}", timeout=600, **kwargs).raise_for_status()
+
+    def stop(self) -> None:
+        """Stop engines and router."""
+        self.service.stop()
+        if self._folder:
+            from vime.inference.weights import remove_weights
+
+            remove_weights(self._folder)
