@@ -15,41 +15,44 @@ MAX_TOOL_THREADS = 32
 
 
 class DaemonPool:
-    """A bounded pool of daemon threads; ``submit`` returns a concurrent.futures.Future."""
+    """At most ``max_threads`` daemon threads running submitted calls; ``submit`` returns a
+    concurrent.futures.Future. Threads start on demand and then live for the process."""
 
     def __init__(self, max_threads: int) -> None:
-        self._max = max_threads
+        if max_threads < 1:
+            raise ValueError(f"a thread pool needs at least one thread, got {max_threads}")
+        self.max_threads = max_threads
         self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = (
             queue.SimpleQueue()
         )
+        # One permit per worker that finished its call and waits for the next; a submit that
+        # takes a permit needs no new thread (the scheme of concurrent.futures.ThreadPoolExecutor).
+        self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
         self._threads = 0
-        self._idle = 0
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """Queue ``fn(*args)``; a thread runs it as soon as one is free."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._queue.put((future, functools.partial(fn, *args)))
-        with self._lock:
-            if self._idle == 0 and self._threads < self._max:
-                self._threads += 1
-                threading.Thread(
-                    target=self._work, name=f"vime-tool-{self._threads}", daemon=True
-                ).start()
+        if not self._idle.acquire(blocking=False):
+            with self._lock:
+                if self._threads < self.max_threads:
+                    self._threads += 1
+                    threading.Thread(
+                        target=self._work, name=f"vime-tool-{self._threads}", daemon=True
+                    ).start()
         return future
 
     def _work(self) -> None:
         while True:
-            with self._lock:
-                self._idle += 1
             future, fn = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as e:  # delivered to the awaiting coroutine, not lost
-                future.set_exception(e)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:  # delivered to the awaiting coroutine, not lost
+                    future.set_exception(e)
+            self._idle.release()
 
 
 _POOL: DaemonPool | None = None

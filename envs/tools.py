@@ -221,9 +221,12 @@ class Tool:
             try:
                 return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
             except TimeoutError:
-                raise ToolTimeoutError(
-                    self.name, timeout or 0.0, "; its thread was abandoned"
-                ) from None
+                note = (
+                    "; it never started because every tool thread was busy"
+                    if future.cancel()
+                    else "; its thread was abandoned"
+                )
+                raise ToolTimeoutError(self.name, timeout or 0.0, note) from None
         task = asyncio.ensure_future(self.fn(*args, **kwargs))
         try:
             done, _ = await asyncio.wait({task}, timeout=timeout)
