@@ -104,3 +104,23 @@ def test_batch_without_loss_tokens_cannot_be_trained():
         TrainBatch([masked]).require_loss_tokens()
     with pytest.raises(ValueError, match="the batch has no samples"):
         TrainBatch([]).require_loss_tokens()
+
+
+def test_set_logprobs_masks_trainer_output_into_the_token_convention():
+    batch = TrainBatch([sample()])
+    batch.set_logprobs("old_logprobs", [[0.0, -2.0, -0.4, -1.0]])
+    assert batch[0].old_logprobs == [0.0, 0.0, -0.4, -1.0]
+
+
+@pytest.mark.parametrize(
+    "field, rows, message",
+    [
+        ("rollout_logprobs", [[0.0] * 4], "field must be 'old_logprobs' or 'ref_logprobs'"),
+        ("ref_logprobs", [], "got 0 logprob rows for 1 samples"),
+        ("ref_logprobs", [[0.0, -1.0]], "'t/0': 2 logprobs for 4 tokens"),
+        ("ref_logprobs", [[0.0, 0.0, 3.0, -1.0]], r"ref_logprobs\[2\] = 3.0 is not"),
+    ],
+)
+def test_set_logprobs_rejects_bad_rows(field, rows, message):
+    with pytest.raises(ValueError, match=message):
+        TrainBatch([sample()]).set_logprobs(field, rows)

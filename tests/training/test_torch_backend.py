@@ -72,8 +72,7 @@ def test_policy_loss_falls_and_moves_logprobs_with_the_advantage(untied_qwen3):
     trainer = TorchTrainer(config(untied_qwen3, lr=5e-4), wide_clip)
     start = trainer.compute_logprobs(make_batch(2))
     batch = make_batch(2, logprobs=start)
-    for s, lp in zip(batch, start, strict=True):  # PPO ratios against the starting policy
-        s.old_logprobs = [float(x) * m for x, m in zip(lp.tolist(), s.loss_mask, strict=True)]
+    batch.set_logprobs("old_logprobs", start)  # PPO ratios against the starting policy
     losses = [trainer.train_step(batch)["loss"] for _ in range(5)]
     assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert losses[-1] < losses[0] - 0.05

@@ -99,6 +99,8 @@ class Trainer(abc.ABC):
     """
 
     config: TrainerConfig
+    rank: int = 0  # this process's rank in the trainer's process group
+    world_size: int = 1
 
     @property
     @abc.abstractmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vime.types import Trajectory
 
@@ -163,6 +164,27 @@ class TrainBatch:
                 for t, a in zip(trajectories, advantages, strict=True)
             ]
         )
+
+    def set_logprobs(self, field: str, logprobs: Sequence[Sequence[float] | Any]) -> None:
+        """Fill ``old_logprobs`` or ``ref_logprobs`` from a trainer's ``compute_logprobs``.
+
+        Values outside each sample's loss mask are zeroed (the token convention), so the full
+        per-token output of ``compute_logprobs`` can be passed as it is.
+        """
+        if field not in ("old_logprobs", "ref_logprobs"):
+            raise ValueError(f"field must be 'old_logprobs' or 'ref_logprobs', got {field!r}")
+        if len(logprobs) != len(self.samples):
+            raise ValueError(f"got {len(logprobs)} logprob rows for {len(self.samples)} samples")
+        for sample, row in zip(self.samples, logprobs, strict=True):
+            values = row.tolist() if hasattr(row, "tolist") else list(row)
+            if len(values) != sample.num_tokens:
+                raise ValueError(
+                    f"sample {sample.sample_id!r}: {len(values)} logprobs for "
+                    f"{sample.num_tokens} tokens"
+                )
+            masked = [float(v) if m else 0.0 for v, m in zip(values, sample.loss_mask, strict=True)]
+            sample._check_logprobs(f"sample {sample.sample_id!r}", field, masked)
+            setattr(sample, field, masked)
 
     def require_loss_tokens(self) -> None:
         """Raise ``ValueError`` when the batch is empty or no sample has a loss token."""

@@ -38,7 +38,7 @@ def save_hf_checkpoint(
 
     source = Path(trainer.config.hf_checkpoint)
     target = Path(directory).absolute()
-    rank0 = getattr(trainer, "rank", 0) == 0
+    rank0 = trainer.rank == 0
     tmp = ckpt.prepare_temp_dir(target) if rank0 else None
     shards: list[list[str]] = []
     total = 0
