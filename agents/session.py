@@ -150,6 +150,10 @@ class LLMSession:
         self.builder.observe_prompt(result.prompt_ids)
         self.builder.add_completion(result.completion_ids, result.logprobs, result.weight_version)
         message = dict(result.message) if result.message else None
+        if message is not None and not message.get("tool_calls"):
+            # An empty list means the engine parsed no calls (or has no tool parser): leave
+            # the text for the env's parser rather than assert "no calls".
+            message.pop("tool_calls", None)
         if message is None or (self.config.tool_parser and not message.get("tool_calls")):
             message = self.parse(result.text)
         return TurnRecord(

@@ -147,3 +147,19 @@ async def test_engine_error_fails_only_with_the_reason(env_cls, stub, client, re
 async def test_token_mode_without_renderer_is_a_clear_error(env_cls, client):
     with pytest.raises(ValueError, match="token-in mode needs a ChatTemplateRenderer"):
         await run(env_cls(), client, SAMPLING, AgentConfig(mode="tokens"))
+
+
+@pytest.mark.parametrize("mode", ["tokens", "chat"])
+async def test_vime_client_records_the_same_episode(env_cls, stub, client, renderer, mode):
+    from vime.inference.client import VimeClient
+
+    config = AgentConfig(mode=mode)
+    reference = await run(env_cls(), client, SAMPLING, config, renderer=renderer)
+    async with VimeClient(stub.url, model="stub") as vime_client:
+        traj = await run(env_cls(), vime_client, SAMPLING, config, renderer=renderer)
+
+    assert traj.status is Status.COMPLETED
+    assert traj.token_ids == reference.token_ids
+    assert traj.loss_mask == reference.loss_mask
+    assert traj.logprobs == reference.logprobs
+    assert traj.weight_versions == [0] * 5

@@ -121,8 +121,8 @@ def stub_logprob(token_id: int, position: int) -> float:
 
 
 class StubServer:
-    """An aiohttp app serving ``/v1/chat/completions``, ``/v1/completions`` and
-    ``/v1/models``. ``policy(prompt_text) -> reply_text`` decides every answer; the reply is
+    """An aiohttp app serving ``/v1/chat/completions``, ``/v1/completions``,
+    ``/inference/v1/generate`` and ``/v1/models``. ``policy(prompt_text) -> reply_text`` decides every answer; the reply is
     followed by the tokenizer's EOS id unless it hits ``max_tokens``. ``weight_version`` is
     reported in each response (``weight_version`` field, as Vime's engines do). ``delay``
     (seconds, or a function of the prompt text) simulates generation time.
@@ -216,7 +216,8 @@ class StubServer:
                     "total_tokens": start + len(ids),
                 },
                 "weight_version": version,
-            }
+            },
+            headers={"x-vime-weight-version": str(version)},
         )
 
     async def _completions(self, request: Any) -> Any:
@@ -261,7 +262,39 @@ class StubServer:
                     "total_tokens": start + len(ids),
                 },
                 "weight_version": version,
-            }
+            },
+            headers={"x-vime-weight-version": str(version)},
+        )
+
+    async def _generate(self, request: Any) -> Any:
+        """vLLM's token-in ``/inference/v1/generate``."""
+        from aiohttp import web
+
+        body = await request.json()
+        if self.record_requests:
+            self.requests.append(body)
+        prompt_ids = list(body["token_ids"])
+        version = self.weight_version
+        if self.delay:
+            await self._wait(self.tokenizer.decode(prompt_ids))
+        ids, reply, finish = self._complete(
+            prompt_ids, body.get("sampling_params", {}).get("max_tokens")
+        )
+        start = len(prompt_ids)
+        content = [{"logprob": stub_logprob(t, start + i)} for i, t in enumerate(ids)]
+        return web.json_response(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "token_ids": ids,
+                        "text": reply,
+                        "finish_reason": finish,
+                        "logprobs": {"content": content},
+                    }
+                ]
+            },
+            headers={"x-vime-weight-version": str(version)},
         )
 
     async def _models(self, request: Any) -> Any:
@@ -278,6 +311,7 @@ class StubServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/inference/v1/generate", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", lambda r: web.Response(text="ok"))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
