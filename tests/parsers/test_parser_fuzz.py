@@ -21,7 +21,7 @@ FUZZ = settings(
 FRAGMENTS = [
     "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>",
     PYTHON_TAG, "{", "}", "[", "]", '"', ":", ";", ",", "\n", " ", "\\", "name", '"name"',
-    '"arguments"', '"parameters"', "null", "1", "f", ">", "<", "</",
+    '"arguments"', '"parameters"', "null", "1", "f", ">", "<", "</", "<think>", "</think>",
 ]  # fmt: skip
 syntaxish = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=30).map("".join)
 any_text = st.text(max_size=300) | syntaxish

@@ -38,11 +38,14 @@ class ToolCallParser(abc.ABC):
     """Reads one model family's tool-call syntax; subclasses implement ``_parse`` and ``render``.
 
     ``parse`` never raises. Call ids are ``call_0``, ``call_1``, ... in order within a message,
-    so the same text always gives the same trajectory.
+    so the same text always gives the same trajectory. Leading reasoning in ``reasoning_tags``
+    (``<think>...</think>``, or text up to ``</think>`` when the chat template opened the block;
+    an unclosed block runs to the end) is content: a model thinking about a call has not made it.
     """
 
     name: str = ""
     several_calls = "You may make several calls in one reply."
+    reasoning_tags: tuple[str, str] | None = ("<think>", "</think>")
 
     def parse(self, text: str | None, *, tools: Iterable[Any] | None = None) -> ParseResult:
         """Split ``text`` into content and tool calls.
@@ -51,15 +54,35 @@ class ToolCallParser(abc.ABC):
         argument values are untyped text use it to keep string parameters as strings.
         """
         text = "" if text is None else str(text)
+        strings = string_parameters(tools)
+        contents: list[str] = []
+        calls: list[ToolCall] = []
         try:
-            content, calls = self._parse(text, string_parameters(tools))
+            for is_reasoning, segment in self._segments(text):
+                content, found = (segment, []) if is_reasoning else self._parse(segment, strings)
+                contents.append(content.strip())
+                calls += found
         except Exception:  # a parser bug must not end a rollout; the text is kept as content
             log.warning(
                 "tool-call parser %r failed; keeping the text as content", self.name, exc_info=True
             )
             return ParseResult(text.strip(), [], text)
         calls = [dataclasses.replace(c, id=f"call_{i}") for i, c in enumerate(calls)]
-        return ParseResult(content, calls, text)
+        return ParseResult("\n\n".join(c for c in contents if c), calls, text)
+
+    def _segments(self, text: str) -> list[tuple[bool, str]]:
+        """``text`` cut into its leading reasoning (if any) and the rest, as (is_reasoning, piece)."""
+        if self.reasoning_tags is None:
+            return [(False, text)]
+        start_tag, end_tag = self.reasoning_tags
+        end = text.find(end_tag)
+        if text.lstrip().startswith(start_tag):  # the model opened its reasoning itself
+            end = len(text) if end < 0 else end + len(end_tag)
+        elif end >= 0 and start_tag not in text[:end]:  # the chat template opened it
+            end += len(end_tag)
+        else:
+            return [(False, text)]
+        return [(True, text[:end]), (False, text[end:])]
 
     @abc.abstractmethod
     def _parse(
