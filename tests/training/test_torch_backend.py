@@ -166,3 +166,21 @@ def test_save_hf_writes_a_loadable_folder_of_the_trained_weights(tiny_llama, tmp
     for sample, lp in zip(batch, expected, strict=True):
         ref = reference_logprobs(reloaded, sample.token_ids)
         torch.testing.assert_close(ref, lp, atol=1e-5, rtol=0)
+
+
+def test_entropy_bonus_and_kl_term_use_the_packed_per_token_values(untied_qwen3):
+    from vime.algorithms.config import LossConfig
+
+    batch = make_batch(7, num_samples=3)
+    plain = TorchTrainer(config(untied_qwen3, max_tokens_per_micro_batch=4096))
+    expected = plain.train_step(batch)
+    loss = LossConfig(entropy_coef=0.01, kl_loss_coef=0.1)
+    trainer = TorchTrainer(config(untied_qwen3, max_tokens_per_micro_batch=48), loss)
+    batch.set_logprobs("ref_logprobs", trainer.compute_logprobs(batch))
+    metrics = trainer.train_step(batch)
+    # Entropy with gradient (entropy_coef > 0) equals the metric-only computation.
+    assert metrics["policy/entropy"] == pytest.approx(expected["policy/entropy"], rel=1e-5)
+    assert metrics["policy/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # reference == policy
+    assert metrics["loss"] == pytest.approx(
+        expected["loss"] - 0.01 * expected["policy/entropy"], abs=1e-5
+    )
