@@ -60,7 +60,14 @@ class AdderEnv(vime.ToolEnv):
 def start_stub() -> tuple[subprocess.Popen, str]:
     """The stub server in its own process (so the engine side never shares our event loop)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vime.rollout.stub_server", "--turns", str(TURNS)],
+        [
+            sys.executable,
+            "-m",
+            "vime.rollout.stub_server",
+            "--turns",
+            str(TURNS),
+            "--parse-tool-calls",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -163,3 +163,16 @@ async def test_vime_client_records_the_same_episode(env_cls, stub, client, rende
     assert traj.loss_mask == reference.loss_mask
     assert traj.logprobs == reference.logprobs
     assert traj.weight_versions == [0] * 5
+
+
+async def test_chat_mode_with_engine_parsed_tool_calls_does_not_drift(
+    env_cls, stub, client, renderer
+):
+    tokens = await run(env_cls(), client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer)
+    stub.parse_tool_calls = True  # like vLLM's --tool-call-parser hermes
+    chat = await run(env_cls(), client, SAMPLING, AgentConfig(mode="chat"))
+
+    assert chat.messages[2]["tool_calls"][0]["function"]["name"] == "add"
+    assert chat.metrics["drift_count"] == 0
+    assert chat.token_ids == tokens.token_ids
+    assert chat.reward == 1.0

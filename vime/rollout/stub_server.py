@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
 
 
@@ -125,7 +126,9 @@ class StubServer:
     ``/inference/v1/generate`` and ``/v1/models``. ``policy(prompt_text) -> reply_text`` decides every answer; the reply is
     followed by the tokenizer's EOS id unless it hits ``max_tokens``. ``weight_version`` is
     reported in each response (``weight_version`` field, as Vime's engines do). ``delay``
-    (seconds, or a function of the prompt text) simulates generation time.
+    (seconds, or a function of the prompt text) simulates generation time. With
+    ``parse_tool_calls`` chat answers carry Hermes ``<tool_call>`` blocks as OpenAI
+    ``tool_calls``, like vLLM's ``--tool-call-parser hermes``.
     """
 
     def __init__(
@@ -136,18 +139,38 @@ class StubServer:
         model: str = "stub",
         weight_version: int = 0,
         delay: float | Callable[[str], float] = 0.0,
+        parse_tool_calls: bool = False,
     ) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
         self.policy = policy or counting_tool_policy()
         self.model = model
         self.weight_version = weight_version
         self.delay = delay
+        self.parse_tool_calls = parse_tool_calls
         self.requests: list[dict] = []
         self.record_requests = False
         self.in_flight = 0
         self.max_in_flight = 0
         self.url = ""
         self._runner: Any = None
+
+    def _message(self, reply: str) -> dict:
+        """The assistant message of ``reply`` (tool calls split out when parsing is on)."""
+        if not self.parse_tool_calls:
+            return {"role": "assistant", "content": reply, "tool_calls": []}
+        calls = []
+        for i, body in enumerate(_CALL_RE.findall(reply)):
+            call = json.loads(body)
+            arguments = json.dumps(call.get("arguments", {}))
+            calls.append(
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": call.get("name", ""), "arguments": arguments},
+                }
+            )
+        content = _CALL_RE.sub("", reply).strip() if calls else reply
+        return {"role": "assistant", "content": content or None, "tool_calls": calls}
 
     async def _wait(self, prompt: str) -> None:
         """Hold the request for the configured delay, counting requests in flight."""
@@ -203,7 +226,7 @@ class StubServer:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": reply, "tool_calls": []},
+                        "message": self._message(reply),
                         "logprobs": {"content": logprobs},
                         "finish_reason": finish,
                         "token_ids": ids,
@@ -330,7 +353,7 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m vime.rollout.stub_server [--port P] [--turns N]``: serve until killed,
+    """``python -m vime.rollout.stub_server [--port P] [--turns N] [--delay S]``: serve until killed,
     printing ``READY <base_url>`` once listening."""
     import argparse
 
@@ -338,10 +361,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--turns", type=int, default=5, help="assistant turns per scripted episode")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds each answer takes")
+    parser.add_argument(
+        "--parse-tool-calls", action="store_true", help="answer chat tool calls as tool_calls"
+    )
     args = parser.parse_args(argv)
 
     async def serve() -> None:
-        server = StubServer(policy=counting_tool_policy(args.turns))
+        server = StubServer(
+            policy=counting_tool_policy(args.turns),
+            delay=args.delay,
+            parse_tool_calls=args.parse_tool_calls,
+        )
         print(f"READY {await server.start(args.host, args.port)}", flush=True)
         await asyncio.Event().wait()
 
