@@ -133,23 +133,31 @@ def describe_parameters(
         ) from e
     doc = docstring_parser.parse(inspect.getdoc(target) or inspect.getdoc(fn) or "")
     param_docs = {p.arg_name: p.description for p in doc.params if p.description}
+    for key, hint in hints.items():  # Annotated[int, "what it is"] wins over the docstring
+        if typing.get_origin(hint) is typing.Annotated:
+            notes = [m for m in hint.__metadata__ if isinstance(m, str)]
+            if notes:
+                param_docs[key] = " ".join(notes)
 
     built: list[Param] = []
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise TypeError(
-                f"tool {name!r}: *args/**kwargs ({p.name!r}) cannot be described to a model; list the parameters explicitly"
+                f"tool {name!r}: *args/**kwargs ({p.name!r}) cannot be described to a model; "
+                "list the parameters explicitly"
             )
         if p.name not in hints:
             raise TypeError(
-                f"tool {name!r}: parameter {p.name!r} has no type annotation; annotate it (e.g. `{p.name}: str`)"
+                f"tool {name!r}: parameter {p.name!r} has no type annotation; "
+                f"annotate it (e.g. `{p.name}: str`)"
             )
         try:
             adapter = TypeAdapter(_typed_dict_compatible(hints[p.name]))
             adapter.json_schema()
         except Exception as e:
             raise TypeError(
-                f"tool {name!r}: the type of parameter {p.name!r} ({hints[p.name]!r}) cannot be validated or described as JSON Schema: {e}"
+                f"tool {name!r}: the type of parameter {p.name!r} ({hints[p.name]!r}) cannot be "
+                f"validated or described as JSON Schema: {e}"
             ) from e
         built.append(
             Param(

@@ -98,7 +98,8 @@ class Tool:
         name = name or getattr(fn, "__name__", None)
         if not name or not _NAME_RE.match(name):
             raise ValueError(
-                f"tool name {name!r} is invalid: use 1-64 letters, digits, '_' or '-' (pass name=...)"
+                f"tool name {name!r} is invalid: use 1-64 letters, digits, '_' or '-' "
+                "(pass name=...)"
             )
         if timeout is not None and timeout <= 0:
             raise ValueError(
@@ -116,7 +117,8 @@ class Tool:
         self.description = description if description is not None else text
         if not self.description:
             raise ValueError(
-                f"tool {name!r} has no docstring: describe what it does (the model reads it) or pass description=..."
+                f"tool {name!r} has no docstring: describe what it does (the model reads it) "
+                "or pass description=..."
             )
         self.is_async = inspect.iscoroutinefunction(underlying(fn))
         self._instance: Any = None

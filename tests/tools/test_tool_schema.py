@@ -277,3 +277,18 @@ def test_returns_section_is_part_of_the_description():
         return len(text.split())
 
     assert count.description == "Count words.\n\nReturns: The number of whitespace-separated words."
+
+
+def test_annotated_strings_describe_parameters_before_the_docstring():
+    @tool
+    def move(dx: Annotated[int, "Steps to the right."], dy: int = 0) -> None:
+        """Move the cursor.
+
+        Args:
+            dx: Overridden by the annotation.
+            dy: Steps down.
+        """
+
+    props = move.parameters["properties"]
+    assert props["dx"] == {"type": "integer", "description": "Steps to the right."}
+    assert props["dy"]["description"] == "Steps down."

@@ -71,7 +71,7 @@ class ToolCallParser(abc.ABC):
         return ParseResult("\n\n".join(c for c in contents if c), calls, text)
 
     def _segments(self, text: str) -> list[tuple[bool, str]]:
-        """``text`` cut into its leading reasoning (if any) and the rest, as (is_reasoning, piece)."""
+        """``text`` cut into its leading reasoning (if any) and the rest: (is_reasoning, piece)."""
         if self.reasoning_tags is None:
             return [(False, text)]
         start_tag, end_tag = self.reasoning_tags

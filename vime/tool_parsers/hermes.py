@@ -68,7 +68,8 @@ class HermesParser(ToolCallParser):
 
     def render(self, calls: Sequence[ToolCall]) -> str:
         """``<tool_call>`` blocks, one per line group, as Qwen's chat template writes them."""
-        return "\n".join(
-            f"{OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE}"
+        blocks = (
+            json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
             for c in calls
         )
+        return "\n".join(f"{OPEN}\n{block}\n{CLOSE}" for block in blocks)
