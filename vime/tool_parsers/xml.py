@@ -34,9 +34,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_STANDARD_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _loads(text: str) -> Any:
     """Standard JSON only: ``NaN``/``Infinity`` stay text."""
-    return json.loads(text, parse_constant=_reject_constant)
+    return _STANDARD_JSON.decode(text)
 
 
 def _is_json(text: str) -> bool:
