@@ -136,6 +136,9 @@ class Tool:
             },
         }
 
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self._attribute = attribute  # how pickling finds a bound tool again
+
     def __get__(self, instance: Any, owner: type | None = None) -> Tool:
         if self._bind_owner:
             instance = owner if owner is not None else type(instance)
@@ -158,7 +161,7 @@ class Tool:
         # Pickle by reference like functions do: a bound tool as the attribute of its instance,
         # a module-level tool by its qualified name, any other one rebuilt from its function.
         if self._instance is not None:
-            return (getattr, (self._instance, self.__name__))
+            return (getattr, (self._instance, self.__dict__.get("_attribute", self.__name__)))
         found: Any = sys.modules.get(self.__module__)
         for part in self.__qualname__.split("."):
             found = getattr(found, part, None)

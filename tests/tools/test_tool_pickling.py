@@ -28,6 +28,13 @@ class Notebook:
         self.pages.append(page)
         return len(self.pages)
 
+    def _erase(self) -> int:
+        """Remove every page."""
+        self.pages.clear()
+        return 0
+
+    erase = tool(_erase, name="erase")
+
 
 def test_module_level_tool_pickles_by_reference():
     assert pickle.loads(pickle.dumps(shout)) is shout
@@ -60,3 +67,11 @@ def test_deepcopy_binds_tools_to_the_copy():
 def test_binding_never_changes_the_class_level_tool():
     Notebook().write("a")
     assert Notebook.__dict__["write"]._instance is None
+
+
+def test_a_tool_stored_under_another_attribute_name_pickles_as_that_attribute():
+    book = Notebook()
+    book.write("a")
+    bound = pickle.loads(pickle.dumps(book.erase))
+    assert isinstance(bound, Tool) and bound.name == "erase"
+    assert bound() == 0 and book.pages == ["a"]
