@@ -14,7 +14,7 @@ from vime.types import Message, ToolCall
 
 log = logging.getLogger(__name__)
 
-_DECODER = json.JSONDecoder()
+JSON_DECODER = json.JSONDecoder()
 # What decoding model-written JSON can raise: bad syntax, or nesting deeper than the C decoder's
 # recursion limit (a few thousand brackets).
 JSON_ERRORS = (ValueError, RecursionError)
@@ -204,7 +204,7 @@ def malformed(raw: str, error: str, name: str = "") -> ToolCall:
 def decode_json_at(text: str, index: int) -> tuple[Any, int] | None:
     """Decode one JSON value starting at ``text[index]``; None when there is none."""
     try:
-        return _DECODER.raw_decode(text, index)
+        return JSON_DECODER.raw_decode(text, index)
     except JSON_ERRORS:
         return None
 

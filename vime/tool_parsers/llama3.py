@@ -8,10 +8,10 @@ import re
 from collections.abc import Mapping, Sequence
 
 from vime.tool_parsers.base import (
+    JSON_DECODER,
     JSON_ERRORS,
     ToolCallParser,
     call_from_object,
-    decode_json_at,
     malformed,
     skip_space,
 )
@@ -46,14 +46,12 @@ class Llama3JsonParser(ToolCallParser):
             prefix = ""
         calls: list[ToolCall] = []
         while (pos := skip_space(text, pos, ";")) < len(text) and text[pos] == "{":
-            decoded = decode_json_at(text, pos)
-            if decoded is None:
-                calls.append(
-                    malformed(text[pos:].rstrip(), f"not valid JSON: {_json_error(text[pos:])}")
-                )
+            try:
+                obj, end = JSON_DECODER.raw_decode(text, pos)
+            except JSON_ERRORS as e:
+                calls.append(malformed(text[pos:].rstrip(), f"not valid JSON: {e}"))
                 pos = len(text)
                 break
-            obj, end = decoded
             calls.append(call_from_object(obj, text[pos:end], ("parameters", "arguments")))
             pos = end
         if tag >= 0 and not calls:
@@ -69,11 +67,3 @@ class Llama3JsonParser(ToolCallParser):
             json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False)
             for c in calls
         )
-
-
-def _json_error(text: str) -> str:
-    try:
-        json.loads(text)
-    except JSON_ERRORS as e:
-        return str(e)
-    return "trailing text after the JSON object"
