@@ -44,6 +44,7 @@ _POLL = 0.1  # how often a blocked read wakes up to look at the deadline and can
 # intervals: a busy engine must not be flooded with inspects by many slow calls.
 _FIRST_CHECK = 0.5
 _PIPE_GRACE = 0.5  # seconds the output may stay open after the command exited
+OOM_NOTE = "vime-sandbox: killed by the kernel: out of memory"
 _FILES_FAILED = "vime-sandbox: writing the call's files failed"
 _TAR_FAILED_EXIT = 125
 # Files for a call travel in the same exec as the call, as a tar stream in front of stdin:
@@ -271,6 +272,7 @@ class DockerSandbox(Sandbox):
         self.container_id: str | None = None
         self._volume: str | None = None
         self._calls = itertools.count(1)
+        self._oom_kills = 0  # the container's OOM kill count when last read
         self._start_lock = asyncio.Lock()
 
     # ---- lifetime -------------------------------------------------------------------------
@@ -410,8 +412,8 @@ class DockerSandbox(Sandbox):
     ) -> ExecResult:
         """Run a shell command line (str) or an argv list in ``/work``.
 
-        A command killed by signal N exits 128+N, as in a shell (so a memory hog the kernel
-        kills exits 137); a timeout gives ``timed_out=True`` and exit code -9 after the
+        A command killed by signal N exits 128+N, as in a shell: a memory hog the kernel
+        kills exits 137 with a note saying so at the end of stderr. A timeout gives ``timed_out=True`` and exit code -9 after the
         call's whole process tree is gone.
         """
         limit = self.limits.timeout if timeout is None else timeout
@@ -493,14 +495,41 @@ class DockerSandbox(Sandbox):
         except docker.errors.NotFound:  # the container went away: closed during the call
             code = None
         timed_out = outcome == "deadline" or (code == 137 and duration >= limit)
+        stderr = err.text()
+        if code == 137 and not timed_out and self._new_oom_kill():
+            stderr += (
+                f"{OOM_NOTE} (the sandbox's memory limit is {self.limits.memory_bytes} bytes)\n"
+            )
         return ExecResult(
             stdout=out.text(),
-            stderr=err.text(),
+            stderr=stderr,
             exit_code=-9 if timed_out or code is None else code,
             timed_out=timed_out,
             duration=duration,
             truncated=out.dropped or err.dropped,
         )
+
+    def _new_oom_kill(self) -> bool:
+        """Whether the kernel OOM-killed a process in the container since the last look."""
+        import docker
+
+        # cgroup v1 (memory.oom_control) or v2 (memory.events): a line "oom_kill N".
+        command = [
+            "sh",
+            "-c",
+            "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events",
+        ]
+        try:
+            client = api()
+            exec_id = client.exec_create(self.container_id, command, stderr=False)["Id"]
+            text = client.exec_start(exec_id).decode(errors="replace")
+        except docker.errors.APIError:
+            return False
+        kills = sum(
+            int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")
+        )
+        seen, self._oom_kills = self._oom_kills, max(self._oom_kills, kills)
+        return kills > seen
 
     def _kill_marked(self, marker: str) -> None:
         """SIGKILL the processes of one call, including those that left its process group."""

@@ -84,6 +84,19 @@ async def test_per_process_limits_are_rlimits_inside():
     assert result.stdout.split("\n")[:-1] == ["7 8", f"{1 << 20} {1 << 20}", "64 64", "0 0"]
 
 
+async def test_a_memory_hog_is_killed_by_the_kernel_and_says_so():
+    async with create("docker", memory_bytes=128 << 20) as sandbox:
+        hog = await sandbox.run_code("chunks = [bytearray(1 << 20) for _ in range(1024)]")
+        other = await sandbox.run("kill -9 $$")
+    assert (hog.exit_code, hog.timed_out) == (137, False)
+    assert hog.stderr.endswith(
+        f"{docker_backend.OOM_NOTE} (the sandbox's memory limit is {128 << 20} bytes)\n"
+    )
+    # A SIGKILL that is not the kernel's gets no such note.
+    assert other.exit_code == 137
+    assert docker_backend.OOM_NOTE not in other.stderr
+
+
 async def test_close_removes_the_container_and_its_work_volume():
     sandbox = create("docker")
     await sandbox.start()
