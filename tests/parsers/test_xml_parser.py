@@ -83,3 +83,16 @@ def test_a_bad_block_does_not_hide_the_next_one():
         ("f", "malformed"),
         ("g", "ok"),
     ]
+
+
+def test_two_functions_in_one_wrapper_are_two_calls():
+    text = (
+        "<tool_call>\n<function=a>\n<parameter=x>\n1\n</parameter>\n</function>\n"
+        "<function=b>\n</function>\n</tool_call>\nafter"
+    )
+    result = parser.parse(text)
+    assert [(c.name, c.arguments, c.status) for c in result.calls] == [
+        ("a", {"x": 1}, "ok"),
+        ("b", {}, "ok"),
+    ]
+    assert result.content == "after"
