@@ -41,8 +41,9 @@ _GRACE = 1.0  # seconds past a call's timeout before the client kills its proces
 _DRAIN = 2.0  # seconds to wait for the output to end after that kill
 _POLL = 0.1  # how often a blocked read wakes up to look at the deadline and cancellation
 # While the output is idle, ask whether the command exited after 0.5 s, then at doubling
-# intervals: a busy engine must not be flooded with inspects by many slow calls.
+# intervals up to 4 s: a busy engine must not be flooded with inspects by many slow calls.
 _FIRST_CHECK = 0.5
+_MAX_CHECK = 4.0
 _PIPE_GRACE = 0.5  # seconds the output may stay open after the command exited
 OOM_NOTE = "vime-sandbox: killed by the kernel: out of memory"
 _FILES_FAILED = "vime-sandbox: writing the call's files failed"
@@ -639,7 +640,7 @@ def _pump(
             if not exited and now >= check_at:
                 if not _running(exec_id):
                     exited = now
-                wait *= 2
+                wait = min(wait * 2, _MAX_CHECK)
                 check_at = now + wait
             continue
         except OSError:
