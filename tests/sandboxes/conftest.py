@@ -3,10 +3,10 @@ of sandboxes that closes them afterwards, an in-process sandbox server, and a /p
 
 Backends: ``local`` (bubblewrap), ``remote`` (a server with the local backend on loopback) and
 ``docker`` when a Docker engine answers and the image ``$VIME_SANDBOX_IMAGE`` (default
-``vime-sandbox:bookworm``) exists; docker cases are marked ``slow`` and ``docker``. A backend
-takes part by accepting ``limits=`` and limit keywords in its constructor and by leaving no
-process whose command line carries a test's token (``live_processes``) after a timeout or
-``close``.
+``vime-sandbox:bookworm``) exists; remote cases are marked ``slow``, docker cases ``slow`` and
+``docker``. A backend takes part by accepting ``limits=`` and limit keywords in its
+constructor and by leaving no process whose command line carries a test's token
+(``live_processes``) after a timeout or ``close``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def backend_params() -> list[Any]:
     """The backends of the containment suite on this machine."""
     params: list[Any] = []
     if shutil.which("bwrap"):
-        params += ["local", "remote"]
+        # remote repeats local through the server: the default run keeps local only.
+        params += ["local", pytest.param("remote", marks=pytest.mark.slow)]
     if docker_available():
         params.append(pytest.param("docker", marks=[pytest.mark.slow, pytest.mark.docker]))
     return params
