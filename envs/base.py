@@ -264,6 +264,10 @@ class Env(gymnasium.Env[list[Message], Message | str]):
         self.__dict__.pop("_loop", None)
         super().close()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the loop thread stays behind: a copy (pickled to a worker) starts its own on first use
+        return {k: v for k, v in self.__dict__.items() if k not in ("_loop", "_loop_finalizer")}
+
     def _require(self, sync: str, asynchronous: str) -> None:
         if not (_overrides(self, sync) or _overrides(self, asynchronous)):
             raise NotImplementedError(

@@ -83,5 +83,5 @@ class GuessNumberEnv(Env):
         if left == 0:
             reply = f"{verdict} Out of guesses: the number was {self.secret}."
             return [{"role": "user", "content": reply}], reward, True, False, info
-        reply = f"{verdict} {left} guesses left."
+        reply = f"{verdict} {left} {'guess' if left == 1 else 'guesses'} left."
         return [{"role": "user", "content": reply}], reward, False, False, info

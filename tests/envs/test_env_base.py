@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 import time
 
@@ -236,6 +237,17 @@ async def test_async_native_env_sync_calls_also_work_inside_a_running_loop(async
     env = async_env_cls()
     assert env.reset(seed=4)[0] == (await env.areset(seed=4))[0]
     env.close()
+
+
+def test_an_env_that_used_its_loop_thread_still_pickles(async_env_cls):
+    env = async_env_cls()
+    env.reset(seed=4)
+    env.step("2")
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.left == 2 and "_loop" not in vars(copy)
+    assert copy.step("1")[1] == 1.0 and env.step("1")[1] == 1.0
+    env.close()
+    copy.close()
 
 
 def test_an_env_without_reset_or_step_says_what_to_implement():

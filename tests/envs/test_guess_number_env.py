@@ -34,6 +34,8 @@ def test_hints_say_higher_or_lower_and_count_guesses_left():
     env.reset(options={"task": {"id": "g", "secret": 60}})
     assert env.step("50")[0][0]["content"] == "50 is too low: higher. 4 guesses left."
     assert env.step("80")[0][0]["content"] == "80 is too high: lower. 3 guesses left."
+    env.step("70")
+    assert env.step("65")[0][0]["content"] == "65 is too high: lower. 1 guess left."
 
 
 def test_guesses_that_ignore_the_hints_earn_nothing():
