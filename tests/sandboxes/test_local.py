@@ -69,11 +69,11 @@ async def test_rlimits_are_applied_inside():
 
 
 async def test_cpu_time_limit_kills_a_busy_loop_before_the_wall_clock():
-    async with create("local", cpu_seconds=1, timeout=20) as box:
+    # The wall-clock limit is far away: on a busy machine 1 s of CPU may take many seconds.
+    async with create("local", cpu_seconds=1, timeout=120) as box:
         result = await box.run_code("while True: pass")
     assert not result.timed_out
     assert result.exit_code == 128 + 24  # SIGXCPU
-    assert result.duration < 10
 
 
 async def test_file_size_limit_stops_a_large_write():
