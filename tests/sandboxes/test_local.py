@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -256,3 +257,17 @@ async def test_tmp_and_dev_shm_are_capped_at_max_file_bytes():
         for place in ["/tmp", "/dev/shm"]:
             result = await box.run(["python3", "fill.py", place])
             assert result.stdout == "8 No space left on device\n", place
+
+
+async def test_network_true_shares_the_host_network():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); print('ok')"
+    try:
+        async with create("local", network=True) as box:
+            result = await box.run_code(code, timeout=20)
+    finally:
+        listener.close()
+    assert result.stdout == "ok\n", result
