@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -245,15 +246,26 @@ async def test_a_sandbox_never_closed_is_removed_at_interpreter_exit():
     assert labelled("volumes", left) == []
 
 
-async def test_exec_latency(box):
-    latencies = []
-    for _ in range(30):
+async def test_exec_latency_beside_a_bare_subprocess(box):
+    # The system interpreter, as in the container: a virtualenv's starts slower.
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    docker_times, bare_times = [], []
+    for _ in range(30):  # interleaved, so that load from elsewhere hits both alike
         started = time.perf_counter()
         result = await box.run(["python3", "-c", "print(1)"])
-        latencies.append(time.perf_counter() - started)
+        docker_times.append(time.perf_counter() - started)
         assert result.stdout == "1\n"
-    latencies.sort()
-    p50, p99 = statistics.median(latencies), latencies[-1]
-    print(f"docker exec python3 -c 'print(1)': p50 {p50 * 1000:.0f} ms, max {p99 * 1000:.0f} ms")
-    # The target is 120 ms on an idle machine; CI shares its 2 cores with the whole suite.
-    assert p50 < 1.0
+        started = time.perf_counter()
+        bare = await asyncio.create_subprocess_exec(
+            python, "-c", "print(1)", stdout=asyncio.subprocess.PIPE
+        )
+        assert (await bare.communicate())[0] == b"1\n"
+        bare_times.append(time.perf_counter() - started)
+    docker_p50, bare_p50 = statistics.median(docker_times), statistics.median(bare_times)
+    print(
+        f"python3 -c 'print(1)': docker exec p50 {docker_p50 * 1000:.0f} ms "
+        f"(max {max(docker_times) * 1000:.0f} ms), bare subprocess p50 {bare_p50 * 1000:.0f} ms"
+    )
+    # About 110 ms against 25 ms on an idle 2-core machine (the target is 120 ms there); the
+    # bound only catches stalls, since CI machines are shared and loaded.
+    assert docker_p50 < 10 * bare_p50 + 0.25
