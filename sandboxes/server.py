@@ -91,6 +91,10 @@ class SandboxServer:
         app.on_cleanup.append(self._on_cleanup)
         return app
 
+    def runner(self) -> web.AppRunner:
+        """A runner for :meth:`app`; a client that disconnects cancels its call (and kills it)."""
+        return web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path != "/v1/health":
@@ -238,7 +242,7 @@ class SandboxServer:
 async def serve(config: ServerConfig, *, ready: Callable[[str], None] | None = None) -> None:
     """Serve until cancelled; ``ready`` gets the base URL once the port is bound."""
     server = SandboxServer(config, config.token())
-    runner = web.AppRunner(server.app(), access_log=None)
+    runner = server.runner()
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port)

@@ -114,7 +114,7 @@ async def start_server(**config: Any) -> RunningServer:
     from vime.sandboxes.server_config import ServerConfig
 
     server = SandboxServer(ServerConfig(port=0, **config), TOKEN)
-    runner = web.AppRunner(server.app(), access_log=None)
+    runner = server.runner()
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -160,6 +160,21 @@ async def test_a_daemonised_child_is_gone_after_close(make_sandbox, procs):
     assert await procs.wait_gone(token) == []
 
 
+async def test_cancelling_a_call_kills_its_processes(make_sandbox, procs):
+    box = await make_sandbox()
+    token = procs.token()
+    call = asyncio.create_task(box.run(["python3", "-c", "import time; time.sleep(300)", token]))
+    deadline = time.monotonic() + 20
+    while not procs.live(token) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await procs.wait_gone(token, within=5) == []
+    assert (await box.run("echo still usable")).stdout == "still usable\n"
+
+
 async def test_stdin_files_and_exit_code_reach_the_command(make_sandbox):
     box = await make_sandbox()
     result = await box.run(
