@@ -67,6 +67,17 @@ class MathEnv(Env):
         self.system_prompt = system_prompt
         self.task: dict[str, Any] | None = None
 
+    def generate_tasks(self, count: int, *, seed: int) -> list[dict[str, Any]]:
+        """``count`` tasks for a training or evaluation run: the env's own task rows, else
+        arithmetic problems drawn from ``seed`` (ids made unique by their draw index)."""
+        if self.tasks:
+            return list(self.tasks)
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        tasks = [arithmetic_task(rng, self.difficulty) for _ in range(count)]
+        return [{**t, "id": f"{t['id']}#{i}"} for i, t in enumerate(tasks)]
+
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import uuid
 from typing import Any
 
@@ -110,6 +109,7 @@ class Cluster:
         self.info = ray.get(starting)
         self.trainer_node = ray.get(self.trainers[0].node.remote())
         log.info("engines at %s (router %s)", self.info["engine_urls"], self.base_url)
+        self.nodes_line = f"trainer rank 0 on node {self.trainer_node[:12]}, engines on node {self.info['node'][:12]}"
 
     def _engine_gpu_ids(self, pg: Any, gpu: float, share: float) -> list[str]:
         """The GPU ids Ray reserved for each engine bundle (vLLM takes them itself)."""
@@ -149,12 +149,14 @@ class Cluster:
 
         folder = self.export_weights_folder(f"v{version}")
         if self.trainer_node == self.info["node"]:
-            return ray.get(self.inference.update_from_folder.remote(folder, version))
+            metrics = ray.get(self.inference.update_from_folder.remote(folder, version))
+            return {**metrics, "sync/cross_node": 0.0}
         files = self.trainers[0].read_folder.remote(folder)
         try:
-            return ray.get(self.inference.update_from_files.remote(files, version))
+            metrics = ray.get(self.inference.update_from_files.remote(files, version))
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            self.trainer_call("remove_folder", folder)
+        return {**metrics, "sync/cross_node": 1.0}
 
     def pause_engines(self) -> None:
         """Colocated placement: stop generation while the trainer uses the devices."""

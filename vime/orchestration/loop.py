@@ -12,15 +12,12 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from vime.orchestration.batching import PreparedBatch, prepare_batch, rollout_metrics
 from vime.orchestration.cluster import Cluster
-from vime.orchestration.export import export_hf_folder
 from vime.orchestration.metrics_log import MetricsLogger
 from vime.orchestration.run_state import (
     RunState,
@@ -31,7 +28,6 @@ from vime.orchestration.run_state import (
 )
 from vime.orchestration.setup import TrainSetup
 from vime.orchestration.task_stream import TaskStream
-from vime.orchestration.tasks import eval_tasks_for, train_tasks_for
 from vime.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -54,7 +50,14 @@ SUMMARY_KEYS = [
 class RLLoop:
     """One training run over a started :class:`Cluster`."""
 
-    def __init__(self, setup: TrainSetup, cluster: Cluster, logger: MetricsLogger) -> None:
+    def __init__(
+        self,
+        setup: TrainSetup,
+        cluster: Cluster,
+        logger: MetricsLogger,
+        tasks: list[dict[str, Any]],
+        eval_tasks: list[dict[str, Any]],
+    ) -> None:
         from vime.agents.template import ChatTemplateRenderer
         from vime.inference.client import SamplingParams, VimeClient
         from vime.rollout import RolloutManager
@@ -85,8 +88,8 @@ class RLLoop:
         self.eval_sampling = SamplingParams(
             temperature=0.0, max_tokens=self.run.rollout_max_response_len
         )
-        self.stream = TaskStream(train_tasks_for(setup), seed=self.run.seed)
-        self.eval_set = eval_tasks_for(setup) if self.run.eval_interval else []
+        self.stream = TaskStream(tasks, seed=self.run.seed)
+        self.eval_set = eval_tasks
         self.step_times: list[float] = []
 
     # -- state ------------------------------------------------------------------------
@@ -183,7 +186,9 @@ class RLLoop:
 
             dump_dir = self.out / "trajectories"
             dump_dir.mkdir(parents=True, exist_ok=True)
-            write_jsonl(dump_dir / f"step_{step:06d}.jsonl", [t for g in groups for t in g])
+            dump = dump_dir / f"step_{step:06d}.jsonl"
+            dump.unlink(missing_ok=True)  # a resumed run redoes the step: keep one copy
+            write_jsonl([t for g in groups for t in g], dump, step=step)
         metrics["weight_version"] = float(self.state.weight_version)
         self.logger.log(step, metrics)
         last = step >= self.run.num_steps
@@ -210,13 +215,8 @@ class RLLoop:
 
     def export(self, step: int) -> Path:
         """Write ``exports/step_<N>`` as a plain HF folder."""
-        folder = self.cluster.export_weights_folder(f"export-{uuid.uuid4().hex[:8]}")
-        try:
-            return export_hf_folder(
-                folder, self.run.model, self.out / "exports" / f"step_{step:06d}"
-            )
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        target = self.out / "exports" / f"step_{step:06d}"
+        return Path(self.cluster.trainer_call("save_hf", str(target.resolve())))
 
     # -- drivers ----------------------------------------------------------------------
     async def run_sync(self, progress: Any) -> None:
@@ -229,31 +229,40 @@ class RLLoop:
             await self._finish_step(metrics, groups, self.stream.position, progress)
 
     async def run_async(self, progress: Any) -> None:
-        """Rollouts for the next steps run while the trainer trains (bounded staleness)."""
-        queue: asyncio.Queue = asyncio.Queue(maxsize=max(1, self.run.max_staleness))
-        for group in self.buffer:
-            await queue.put(([group], {}, self.state.data_position))
+        """Rollouts for the next steps run while the trainer trains (bounded staleness).
+
+        The producer may start a batch only while fewer than ``--max-staleness`` batches are
+        generated or queued ahead of the trainer, so a batch started at version v is trained
+        at version v + K at the latest; trajectories staler than that are not admitted.
+        """
+        ahead = asyncio.Semaphore(max(1, self.run.max_staleness))
+        queue: asyncio.Queue = asyncio.Queue()
+        if self.buffer:  # rolled out before the checkpoint, not trained yet
+            await ahead.acquire()
+            await queue.put((self.buffer, {}, self.state.data_position))
         self.buffer = []
         positions: list[int] = []
 
         async def produce() -> None:
             while True:
+                await ahead.acquire()
                 positions.append(self.stream.position)
                 item = await self.rollout()
                 await queue.put(item)
-                positions.pop(0)
+                positions.remove(item[2])
 
         producer = asyncio.create_task(produce())
         try:
             while self.state.step < self.run.num_steps:
                 groups, metrics, _ = await queue.get()
+                ahead.release()
                 metrics = dict(metrics)
                 metrics.update(await asyncio.to_thread(self.train, groups, self.run.max_staleness))
                 metrics["async/queue_size"] = float(queue.qsize())
-                # What is queued is not trained yet: it goes into the checkpoint's buffer,
-                # and the task being rolled out now is replayed after a resume.
+                # Queued batches are not trained yet: they go into the checkpoint's buffer,
+                # and the tasks being rolled out now are replayed after a resume.
                 self.buffer = [g for item in list(queue._queue) for g in item[0]]  # type: ignore[attr-defined]
-                resume_at = positions[0] if positions else self.stream.position
+                resume_at = min(positions) if positions else self.stream.position
                 await self._finish_step(metrics, groups, resume_at, progress)
         finally:
             producer.cancel()

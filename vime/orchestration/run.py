@@ -16,6 +16,7 @@ from vime.orchestration.metrics_log import MetricsLogger, summary_table
 from vime.orchestration.placement import plan_placement
 from vime.orchestration.ray_cluster import RayConfig, ray_cluster
 from vime.orchestration.setup import TrainSetup
+from vime.orchestration.tasks import eval_tasks_for, train_tasks_for
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,9 @@ def run_training(setup: TrainSetup) -> dict[str, Any]:
             f"--output-dir {out} already holds a run; pass --resume to continue it or choose "
             "another --output-dir"
         )
+    # Bad task files fail here, before minutes are spent starting engines.
+    tasks = train_tasks_for(setup)
+    eval_tasks = eval_tasks_for(setup) if setup.run.eval_interval else []
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(_config_dict(setup), indent=2, default=str))
     logger = MetricsLogger(out, wandb_project=setup.run.wandb_project)
@@ -107,7 +111,8 @@ def run_training(setup: TrainSetup) -> dict[str, Any]:
                 f"trainer and engines ready in {time.monotonic() - t:.0f}s; router {cluster.base_url}",
                 flush=True,
             )
-            loop = RLLoop(setup, cluster, logger)
+            print(cluster.nodes_line, flush=True)
+            loop = RLLoop(setup, cluster, logger, tasks, eval_tasks)
             if setup.run.resume and not loop.restore():
                 print("--resume: no checkpoint yet, starting from step 0")
             progress = _Progress(setup.run.num_steps, loop.state.step)

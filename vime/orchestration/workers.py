@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 
-def node_ip() -> str:
-    """This process's node address as Ray sees it."""
+def node_id() -> str:
+    """The Ray node this process runs on (two nodes may share an IP address)."""
     import ray
 
-    return ray.util.get_node_ip_address()
+    return ray.get_runtime_context().get_node_id()
 
 
 class TrainerWorker:
@@ -56,7 +56,7 @@ class TrainerWorker:
 
     def node(self) -> str:
         """The node this rank runs on."""
-        return node_ip()
+        return node_id()
 
     def weight_version(self) -> int:
         """Optimizer steps applied so far."""
@@ -85,6 +85,12 @@ class TrainerWorker:
         """The files of a weights folder, for a copy to another node."""
         return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
 
+    def remove_folder(self, folder: str) -> None:
+        """Delete a weights folder this rank wrote (after a copy to another node)."""
+        from vime.inference.weights import remove_weights
+
+        remove_weights(folder)
+
     def save(self, directory: str) -> str:
         """Checkpoint the trainer (collective)."""
         return str(self.trainer.save(directory))
@@ -92,6 +98,10 @@ class TrainerWorker:
     def load(self, directory: str) -> None:
         """Restore a trainer checkpoint (collective)."""
         self.trainer.load(directory)
+
+    def save_hf(self, directory: str) -> str:
+        """Write the current policy as a plain HF model folder (collective)."""
+        return str(self.trainer.save_hf(directory))
 
 
 class InferenceWorker:
@@ -110,7 +120,7 @@ class InferenceWorker:
             "base_url": self.service.base_url,
             "engine_urls": self.service.engine_urls,
             "model_name": self.service.model_name,
-            "node": node_ip(),
+            "node": node_id(),
         }
 
     def update_from_folder(self, folder: str, version: int) -> dict[str, float]:
