@@ -150,7 +150,7 @@ def main() -> None:
         "--episodes",
         type=int,
         default=0,
-        help="episodes per point (default: 2 x concurrency, >= 256)",
+        help="episodes per point (default: max(256, concurrency))",
     )
     parser.add_argument("--mode", choices=["tokens", "chat"], nargs="+", default=["tokens", "chat"])
     parser.add_argument("--verifiers-python", help="python of a venv with verifiers installed")
@@ -161,7 +161,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     try:
         for concurrency in args.concurrency:
-            episodes = args.episodes or max(256, 2 * concurrency)
+            episodes = args.episodes or max(256, concurrency)
             for mode in args.mode:
                 rows.append(asyncio.run(vime_turns_per_s(url, concurrency, episodes, mode)))
                 print(json.dumps(rows[-1]), flush=True)
