@@ -55,6 +55,11 @@ def load_plugins(*, force: bool = False) -> dict[str, str]:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             loaded = ep.load()
+            if isinstance(loaded, type):
+                raise TypeError(
+                    f"{ep.value} is a class; the entry point must name a module that registers "
+                    f"its envs or a function that does"
+                )
             if callable(loaded) and not isinstance(loaded, types.ModuleType):
                 loaded()
         except Exception as exc:

@@ -65,6 +65,7 @@ def plugin_path(tmp_path, clean_registry) -> Path:
             acme = acme_envs
             acme_callable = acme_envs:register_all
             broken = acme_broken
+            a_class = acme_envs:Echo
             """
         )
     )
@@ -131,13 +132,13 @@ def test_module_prefix_that_cannot_be_imported_says_so():
 
 def test_plugins_register_through_the_entry_point_group(plugin_path):
     with pytest.warns(UserWarning, match="env plugin 'broken'.*libfoo"):
-        errors = registry.load_plugins(force=True)
+        errors = dict(registry.load_plugins(force=True))
     assert {"acme/Echo-v0", "acme/Echo-v1"} <= set(registry.env_ids())
     assert vime.make("acme/Echo-v0").greeting == "say something"
     assert vime.make("acme/Echo-v1").greeting == "hello from a callable"
-    assert (
-        list(errors) == ["broken"] and "ImportError: acme_broken needs libfoo" in errors["broken"]
-    )
+    assert sorted(errors) == ["a_class", "broken"]
+    assert "ImportError: acme_broken needs libfoo" in errors["broken"]
+    assert "acme_envs:Echo is a class; the entry point must name a module" in errors["a_class"]
 
 
 def test_a_failed_plugin_is_named_when_its_env_is_missing(plugin_path):
