@@ -240,7 +240,8 @@ class DockerSandbox(Sandbox):
     process; those of dead owners are removed when a process starts its first sandbox.
 
     Options: ``limits`` or keyword overrides of them (``timeout=5``); ``image``; ``user``;
-    ``cpus``; ``work_bytes``; ``tmp_bytes``; ``env`` (extra variables).
+    ``cpus``; ``work_bytes``; ``tmp_bytes``; ``env`` (extra variables); ``runtime`` (an OCI
+    runtime registered with the engine, e.g. "runsc" for gVisor; default: the engine's).
     """
 
     def __init__(
@@ -253,6 +254,7 @@ class DockerSandbox(Sandbox):
         work_bytes: int = 256 << 20,
         tmp_bytes: int = 64 << 20,
         env: Mapping[str, str] | None = None,
+        runtime: str | None = None,
         **limit_overrides: Any,
     ) -> None:
         super().__init__(SandboxLimits.resolve(limits, **limit_overrides))
@@ -269,6 +271,7 @@ class DockerSandbox(Sandbox):
         self.cpus = float(cpus)
         self.work_bytes = int(work_bytes)
         self.tmp_bytes = int(tmp_bytes)
+        self.runtime = runtime
         self.env = {"HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8", **(env or {})}
         self.container_id: str | None = None
         self._volume: str | None = None
@@ -353,6 +356,7 @@ class DockerSandbox(Sandbox):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             init=True,  # an init as pid 1 reaps the zombies that exec'd calls leave behind
+            runtime=self.runtime,
         )
         container = client.create_container(
             self.image,

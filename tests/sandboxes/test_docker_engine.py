@@ -58,7 +58,8 @@ async def test_commands_run_in_work_as_nobody_in_a_host_named_sandbox(box):
 
 
 async def test_the_container_has_no_network_a_read_only_root_and_the_limits():
-    async with create("docker", memory_bytes=300 << 20, max_processes=64, cpus=0.5) as sandbox:
+    options = {"memory_bytes": 300 << 20, "max_processes": 64, "cpus": 0.5, "runtime": "runc"}
+    async with create("docker", **options) as sandbox:
         info = docker_backend.api().inspect_container(sandbox.container_id)
     host = info["HostConfig"]
     assert host["NetworkMode"] == "none"
@@ -68,10 +69,20 @@ async def test_the_container_has_no_network_a_read_only_root_and_the_limits():
     assert host["NanoCpus"] == 500_000_000
     assert host["CapDrop"] == ["ALL"]
     assert host["Init"] is True
+    assert host["Runtime"] == "runc"
     labels = info["Config"]["Labels"]
     assert labels["vime.sandbox"] == "1"
     assert labels["vime.owner"] == docker_backend.owner_tag()
     assert labels["vime.owner"].split(":")[1] == str(os.getpid())
+
+
+async def test_an_unknown_runtime_fails_the_start_and_leaves_nothing():
+    sandbox = create("docker", runtime="no-such-runtime")
+    with pytest.raises(SandboxError, match=r"could not start a sandbox container.*no-such-runtime"):
+        await sandbox.start()
+    await sandbox.close()
+    assert labelled("containers", sandbox.id) == []
+    assert labelled("volumes", sandbox.id) == []
 
 
 async def test_per_process_limits_are_rlimits_inside():
