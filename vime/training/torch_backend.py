@@ -207,8 +207,9 @@ class TorchTrainer(Trainer):
             return torch.cat(per_seq).sum() * 0.0  # joins the collectives, adds no gradient
         chosen = [samples[i] for i in mb.indices]
         starts = inputs.cu_seqlens[:-1]
-        mask = self._padded(chosen, "loss_mask")
-        assert mask is not None  # every sample has a loss mask
+        mask = pad_sequence(
+            [torch.tensor(s.loss_mask, dtype=torch.float32) for s in chosen], batch_first=True
+        ).to(self.device)
         entropy = None
         if self.loss_config.entropy_coef > 0:
             flat = entropy_from_logits(logits)
@@ -241,17 +242,11 @@ class TorchTrainer(Trainer):
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One AdamW step over the batch; see :meth:`Trainer.train_step`."""
-        import torch
-
-        from vime.algorithms.losses import count_loss_units
-
         batch.require_loss_tokens()
         start = time.perf_counter()
-        masks = [torch.tensor(s.loss_mask) for s in batch]
-        num_tokens, num_seqs = 0, 0
-        for m in masks:
-            t, q = count_loss_units(m[None])
-            num_tokens, num_seqs = num_tokens + t, num_seqs + q
+        # The global normalisers of the loss (as vime.algorithms.count_loss_units counts them).
+        num_tokens = batch.num_loss_tokens
+        num_seqs = sum(1 for s in batch if s.num_loss_tokens > 0)
         # Gradients are averaged over ranks, so each rank scales its share by world_size.
         scale_tokens = num_tokens / self.world_size
         scale_seqs = num_seqs / self.world_size
