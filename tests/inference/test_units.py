@@ -72,6 +72,15 @@ def test_engine_command_forwards_vllm_flags_after_vimes_own() -> None:
     assert argv[-2:] == ["--max-model-len", "512"]
 
 
+def test_cpu_engines_run_eager_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert "--enforce-eager" in engine_argv(ServeConfig(model="m"), 1)
+    told = engine_argv(ServeConfig(model="m", vllm_args=["--no-enforce-eager"]), 1)
+    assert "--enforce-eager" not in told
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert "--enforce-eager" not in engine_argv(ServeConfig(model="m"), 1)
+
+
 def test_user_served_model_name_replaces_the_default() -> None:
     cfg = ServeConfig(model="/models/tiny", vllm_args=["--served-model-name", "policy"])
     argv = engine_argv(cfg, 1)
@@ -80,9 +89,9 @@ def test_user_served_model_name_replaces_the_default() -> None:
 
 
 def test_engine_env_turns_on_rl_routes_and_sizes_the_cpu_kv_cache() -> None:
-    env = engine_env(ServeConfig(model="m", cpu_kvcache_gib=0.5), 0, base={"PATH": "/bin"})
+    env = engine_env(ServeConfig(model="m", cpu_kvcache_gib=2), 0, base={"PATH": "/bin"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "0.5"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
 
 

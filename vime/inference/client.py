@@ -25,6 +25,7 @@ from vime.inference.router import SESSION_HEADER
 from vime.types import Message
 
 VERSION_HEADER = "x-vime-weight-version"
+ENGINE_HEADER = "x-vime-engine"
 _CONTEXT_MARKERS = ("maximum context length", "max_model_len", "context length", "too long")
 
 
@@ -68,6 +69,7 @@ class ChatResult:
     finish_reason: str
     weight_version: int | None
     raw: Any = field(default=None, repr=False)
+    engine: str | None = None  # host:port of the engine that sampled it
 
 
 @dataclass
@@ -82,6 +84,7 @@ class GenerateResult:
     weight_version: int | None
     weight_versions: list[tuple[int | None, int, int]] = field(default_factory=list)
     raw: Any = field(default=None, repr=False)
+    engine: str | None = None
 
 
 def _version(value: object) -> int | None:
@@ -282,6 +285,7 @@ class VimeClient:
                     finish_reason=choice.finish_reason or "",
                     weight_version=version,
                     raw=completion,
+                    engine=raw.headers.get(ENGINE_HEADER),
                 )
             )
         return results
@@ -350,6 +354,7 @@ class VimeClient:
             weight_version=version,
             weight_versions=spans,
             raw=data,
+            engine=r.headers.get(ENGINE_HEADER),
         )
 
 

@@ -24,8 +24,8 @@ class ServeConfig:
     engine_start_timeout: float = option(
         600.0, help="Seconds to wait for an engine to become healthy."
     )
-    cpu_kvcache_gib: float = option(
-        1.0, help="KV cache per engine on CPU, in GiB (VLLM_CPU_KVCACHE_SPACE)."
+    cpu_kvcache_gib: int = option(
+        1, help="KV cache per engine on CPU, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
     restart_dead_engines: bool = option(
         True, help="Restart an engine that dies and re-add it to the router."
@@ -55,8 +55,11 @@ class ServeConfig:
             raise ConfigError(
                 f"--vllm-router-port must be in 0..65535, got {self.vllm_router_port}"
             )
-        if self.cpu_kvcache_gib <= 0:
-            raise ConfigError(f"--cpu-kvcache-gib must be positive, got {self.cpu_kvcache_gib}")
+        if self.cpu_kvcache_gib < 1:
+            raise ConfigError(
+                f"--cpu-kvcache-gib must be a whole number of GiB >= 1 (vLLM reads an "
+                f"integer), got {self.cpu_kvcache_gib}"
+            )
         for flag in ("--port", "--host", "--tensor-parallel-size", "-tp"):
             if any(a == flag or a.startswith(flag + "=") for a in self.vllm_args):
                 raise ConfigError(

@@ -50,6 +50,10 @@ def engine_argv(config: ServeConfig, port: int, python: str = sys.executable) ->
         "--enable-scale-out",  # /inference/v1/generate, with per-token weight versions
     ]
     extra = list(config.vllm_args)
+    eager_set = _has_flag(extra, "--enforce-eager") or _has_flag(extra, "--no-enforce-eager")
+    if not eager_set and not _gpu_ids():
+        # On CPU, torch.compile warm-up costs minutes and buys little for small models.
+        argv.append("--enforce-eager")
     if not _has_flag(extra, "--served-model-name"):
         # Both the short name and the path work as "model" in requests.
         argv += ["--served-model-name", served_model_name(config.model), config.model]
@@ -77,7 +81,7 @@ def engine_env(
     """The environment of engine ``index``: RL dev routes, CPU threads and KV cache, GPUs."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # /pause, /resume and /collective_rpc
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kvcache_gib:g}")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
     # vLLM reserves a core for itself by default; on small machines that leaves too few.
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")

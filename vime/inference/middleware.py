@@ -1,5 +1,7 @@
 """An ASGI middleware (vLLM ``--middleware``) that stamps responses with the weight version.
 
+It also names the answering engine (``x-vime-engine``), so session affinity is observable.
+
 Every HTTP response of an engine carries ``x-vime-weight-version``: the engine's weight
 version when the response starts. Vime changes weights only while an engine is paused in
 ``abort`` or ``wait`` mode and sets the new version before it resumes, so every request is
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 HEADER = b"x-vime-weight-version"
+ENGINE_HEADER = b"x-vime-engine"  # host:port of the engine that answered
 
 
 class WeightVersionMiddleware:
@@ -29,14 +32,16 @@ class WeightVersionMiddleware:
             await self.app(scope, receive, send)
             return
         app_state = scope.get("app").state if scope.get("app") is not None else None
+        server = scope.get("server") or ("", 0)
+        engine = f"{server[0]}:{server[1]}".encode()
 
         async def stamped_send(message: dict) -> None:
             if message.get("type") == "http.response.start":
                 version = await self._version(app_state)
+                headers = [*message.get("headers", []), (ENGINE_HEADER, engine)]
                 if version is not None:
-                    headers = list(message.get("headers", []))
                     headers.append((HEADER, version.encode()))
-                    message = {**message, "headers": headers}
+                message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, stamped_send)

