@@ -1,0 +1,70 @@
+"""Child processes: a group stop leaves nothing behind, and start failures show the log."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from vime.inference.errors import EngineStartError
+from vime.inference.processes import ManagedProcess, free_port
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_stop_kills_the_whole_process_group_including_grandchildren(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    proc = ManagedProcess(
+        "sleeper",
+        ["bash", "-c", f"sleep 300 & echo $! > {pidfile}; trap '' TERM; sleep 300"],
+        log_path=tmp_path / "log",
+    )
+    proc.start()
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    proc.stop(grace=0.5)  # the parent ignores SIGTERM, so SIGKILL must reach the group
+    assert not proc.alive()
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_a_process_that_exits_while_starting_reports_its_log_tail(tmp_path: Path) -> None:
+    proc = ManagedProcess(
+        "engine 0", ["bash", "-c", "echo 'CUDA out of memory'; exit 3"], log_path=tmp_path / "l"
+    )
+    proc.start()
+    with pytest.raises(EngineStartError, match=r"exited with code 3(.|\n)*CUDA out of memory"):
+        proc.wait_until(lambda: False, timeout=10, what="healthy")
+
+
+def test_a_process_that_never_gets_ready_times_out_with_the_log(tmp_path: Path) -> None:
+    proc = ManagedProcess(
+        "engine 1", ["bash", "-c", "echo loading; sleep 30"], log_path=tmp_path / "l"
+    )
+    proc.start()
+    try:
+        with pytest.raises(EngineStartError, match=r"not healthy after 1 s(.|\n)*loading"):
+            proc.wait_until(lambda: False, timeout=1, what="healthy")
+    finally:
+        proc.stop(grace=1)
+
+
+def test_free_port_can_be_bound() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
