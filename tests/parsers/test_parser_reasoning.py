@@ -20,12 +20,12 @@ def test_calls_inside_leading_reasoning_are_content(family):
     assert result.content == thinking
 
 
-@pytest.mark.parametrize("family", sorted(CALLS))
-def test_reasoning_opened_by_the_chat_template_ends_at_the_closing_tag(family):
-    draft, real = CALLS[family].replace("NAME", "draft"), CALLS[family].replace("NAME", "real")
-    result = get_parser(family).parse(f"maybe {draft}?</think>\n{real}")
-    assert [c.name for c in result.calls] == ["real"]
-    assert result.content == f"maybe {draft}?</think>"
+def test_a_closing_think_tag_alone_is_ordinary_text():
+    text = '<tool_call>{"name": "say", "arguments": {"text": "</think>"}}</tool_call>'
+    (call,) = get_parser("hermes").parse(text).calls
+    assert call.arguments == {"text": "</think>"}
+    (call,) = get_parser("llama3").parse('{"name": "A", "parameters": {"</think>": null}}').calls
+    assert call.arguments == {"</think>": None}
 
 
 def test_unclosed_reasoning_holds_no_calls():

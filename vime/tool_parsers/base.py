@@ -38,9 +38,11 @@ class ToolCallParser(abc.ABC):
     """Reads one model family's tool-call syntax; subclasses implement ``_parse`` and ``render``.
 
     ``parse`` never raises. Call ids are ``call_0``, ``call_1``, ... in order within a message,
-    so the same text always gives the same trajectory. Leading reasoning in ``reasoning_tags``
-    (``<think>...</think>``, or text up to ``</think>`` when the chat template opened the block;
-    an unclosed block runs to the end) is content: a model thinking about a call has not made it.
+    so the same text always gives the same trajectory. A leading reasoning block in
+    ``reasoning_tags`` (``<think>...</think>``; an unclosed one runs to the end) is content: a
+    model thinking about a call has not made it. When the chat template itself opens the block,
+    the text has only ``</think>``; strip the reasoning before parsing (vLLM's reasoning parser
+    does), since a ``</think>`` alone cannot be told from one inside a call's arguments.
     """
 
     name: str = ""
@@ -72,16 +74,10 @@ class ToolCallParser(abc.ABC):
 
     def _segments(self, text: str) -> list[tuple[bool, str]]:
         """``text`` cut into its leading reasoning (if any) and the rest: (is_reasoning, piece)."""
-        if self.reasoning_tags is None:
+        if self.reasoning_tags is None or not text.lstrip().startswith(self.reasoning_tags[0]):
             return [(False, text)]
-        start_tag, end_tag = self.reasoning_tags
-        end = text.find(end_tag)
-        if text.lstrip().startswith(start_tag):  # the model opened its reasoning itself
-            end = len(text) if end < 0 else end + len(end_tag)
-        elif end >= 0 and start_tag not in text[:end]:  # the chat template opened it
-            end += len(end_tag)
-        else:
-            return [(False, text)]
+        end = text.find(self.reasoning_tags[1])
+        end = len(text) if end < 0 else end + len(self.reasoning_tags[1])
         return [(True, text[:end]), (False, text[end:])]
 
     @abc.abstractmethod
