@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import uuid
 from typing import Any
 
@@ -71,6 +72,7 @@ class Cluster:
             )
 
         engine_gpu_ids = self._engine_gpu_ids(engine_pg, gpu, share_e)
+        owner = (os.getpid(), socket.gethostname())  # actors exit if this driver is killed
         worker_cls = ray.remote(InferenceWorker)
         serve = self.setup.serve
         self.inference = worker_cls.options(
@@ -80,7 +82,7 @@ class Cluster:
             runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(engine_gpu_ids)}}
             if engine_gpu_ids
             else None,
-        ).remote(serve)
+        ).remote(serve, owner=owner)
         starting = self.inference.start.remote()
 
         master = None
@@ -103,6 +105,7 @@ class Cluster:
                     master_addr=master[0],
                     master_port=master[1],
                     num_threads=threads,
+                    owner=owner,
                 )
             )
         ray.get([t.weight_version.remote() for t in self.trainers])  # constructed

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vime.errors import ConfigError
@@ -51,6 +52,11 @@ def ray_cluster(cfg: RayConfig) -> Iterator[dict[str, float]]:
         ray.init(**kwargs)
     except ConnectionError as exc:
         raise ConfigError(f"--ray-address {cfg.address}: cannot connect to Ray: {exc}") from None
+    if not cfg.address:
+        from vime.orchestration.reaper import spawn_reaper
+
+        session = Path(_session_dir()).name
+        spawn_reaper(os.getpid(), session)
     try:
         yield dict(ray.cluster_resources())
     finally:
@@ -75,3 +81,10 @@ def create_placement_groups(plan: PlacementPlan, timeout_s: float = 120.0) -> di
                 f"needs {plan.total}, cluster has {ray.available_resources()}"
             )
     return groups
+
+
+def _session_dir() -> str:
+    """The local Ray session's folder (its name tags every process of the session)."""
+    from ray._private import worker
+
+    return worker._global_node.get_session_dir_path()

@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any
 
 
+def guard_owner(owner: tuple[int, str] | None, on_death: Any = None) -> None:
+    """Exit (after ``on_death``) when the driver ``(pid, host)`` dies, if it is on this host."""
+    if owner is None or owner[1] != socket.gethostname():
+        return
+    from vime.orchestration.reaper import watch_owner
+
+    watch_owner(owner[0], on_death or (lambda: None))
+
+
 def node_id() -> str:
     """The Ray node this process runs on (two nodes may share an IP address)."""
     import ray
@@ -33,9 +42,11 @@ class TrainerWorker:
         master_addr: str,
         master_port: int,
         num_threads: int,
+        owner: tuple[int, str] | None = None,
     ) -> None:
         import torch
 
+        guard_owner(owner)
         os.environ.update(
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
@@ -107,11 +118,12 @@ class TrainerWorker:
 class InferenceWorker:
     """The inference service (N engines + router) on the engines' node."""
 
-    def __init__(self, serve_config: Any) -> None:
+    def __init__(self, serve_config: Any, owner: tuple[int, str] | None = None) -> None:
         from vime.inference.service import InferenceService
 
         self.service = InferenceService(serve_config)
         self._folder: str | None = None
+        guard_owner(owner, self.service.stop)
 
     def start(self) -> dict[str, Any]:
         """Start engines and router; returns the URLs to use."""
