@@ -418,8 +418,8 @@ class DockerSandbox(Sandbox):
         """Run a shell command line (str) or an argv list in ``/work``.
 
         A command killed by signal N exits 128+N, as in a shell: a memory hog the kernel
-        kills exits 137 with a note saying so at the end of stderr. A timeout gives ``timed_out=True`` and exit code -9 after the
-        call's whole process tree is gone.
+        kills exits 137 with a note saying so at the end of stderr. A timeout gives
+        ``timed_out=True`` and exit code -9 after the call's whole process tree is gone.
         """
         limit = self.limits.timeout if timeout is None else timeout
         if limit <= 0:
