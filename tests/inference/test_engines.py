@@ -76,7 +76,11 @@ async def test_a_session_id_always_lands_on_the_same_engine(served) -> None:
                 r = await client.chat(HELLO, sampling={"max_tokens": 1}, session_id=f"episode-{s}")
                 engines.setdefault(f"episode-{s}", set()).add(r.engine)
     assert all(len(v) == 1 for v in engines.values()), engines
-    assert len(set().union(*engines.values())) == 2  # 12 sessions spread over both engines
+    # How sessions spread depends on where the two random ports fall on the hash ring,
+    # so only the affinity itself is asserted; the header proves an engine answered.
+    assert set().union(*engines.values()) <= {
+        u.removeprefix("http://") for u in served.service.engine_urls
+    }
 
 
 async def test_a_prompt_longer_than_the_context_gets_a_clear_error_fast(served) -> None:
