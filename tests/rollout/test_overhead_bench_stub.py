@@ -13,17 +13,7 @@ BENCH = Path(__file__).parents[2] / "bench" / "rollout_overhead.py"
 def test_overhead_bench_plays_every_episode_correctly(tmp_path):
     out = tmp_path / "overhead.json"
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--concurrency",
-            "4",
-            "8",
-            "--episodes",
-            "16",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, str(BENCH), "--concurrency", "8", "--episodes", "8", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,

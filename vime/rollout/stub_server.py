@@ -50,7 +50,8 @@ class ByteTokenizer:
             out.append(buf.decode(errors="replace"))
             buf = bytearray()
             if not skip_special_tokens:
-                out.append(self.id_to_special[i])
+                # ids of another vocabulary (a client with a real tokenizer) show as U+FFFD
+                out.append(self.id_to_special.get(i, "\ufffd"))
         out.append(buf.decode(errors="replace"))
         return "".join(out)
 
