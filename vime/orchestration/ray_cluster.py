@@ -49,7 +49,7 @@ def ray_cluster(cfg: RayConfig) -> Iterator[dict[str, float]]:
         if cfg.resources:
             kwargs["resources"] = dict(cfg.resources)
     try:
-        ray.init(**kwargs)
+        _init_with_retries(ray, kwargs)
     except ConnectionError as exc:
         raise ConfigError(f"--ray-address {cfg.address}: cannot connect to Ray: {exc}") from None
     if not cfg.address:
@@ -88,3 +88,17 @@ def _session_dir() -> str:
     from ray._private import worker
 
     return worker._global_node.get_session_dir_path()
+
+
+def _init_with_retries(ray: Any, kwargs: dict[str, Any], attempts: int = 3) -> None:
+    """``ray.init``, retried: on a loaded machine a local raylet can miss Ray's fixed 30 s
+    registration window ("The current node timed out during startup")."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            log.warning("Ray did not start in time (attempt %d of %d); retrying", attempt, attempts)
+            ray.shutdown()
