@@ -58,6 +58,11 @@ class RunConfig:
     dump_trajectories: bool = option(
         True, help="write every step's trajectories to <output-dir>/trajectories/"
     )
+    device: Literal["auto", "gpu", "cpu"] = option(
+        "auto",
+        help="what a placement bundle holds; auto: GPU when CUDA is visible (for planning "
+        "a GPU run from a laptop with --dry-run, say gpu)",
+    )
     dry_run: bool = option(
         False, help="validate the config, print the placement plan, start nothing"
     )

@@ -36,6 +36,17 @@ def resolve_model(model: str) -> str:
     return str(path.resolve())
 
 
+def _check_env_id(env_id: str) -> None:
+    """Fail on an unknown env id (with the closest ids) without building the env."""
+    import gymnasium
+
+    import vime.envs  # noqa: F401 - registers the built-in envs
+    from vime.envs.registry import make
+
+    if env_id not in gymnasium.registry:
+        make(env_id)  # raises EnvError listing the closest registered ids
+
+
 def describe(setup: TrainSetup, device: str) -> str:
     """The dry-run report: configs and placement plan."""
     plan = plan_placement(setup.placement(device))
@@ -84,8 +95,9 @@ class _Progress:
 
 def run_training(setup: TrainSetup) -> dict[str, Any]:
     """Run (or, with ``--dry-run``, only validate and describe) an RL training run."""
-    device = detect_device()
+    device = detect_device() if setup.run.device == "auto" else setup.run.device.upper()
     if setup.run.dry_run:
+        _check_env_id(setup.rollout.env_id)
         print(describe(setup, device))
         return {"dry_run": True}
     setup = setup.with_model(resolve_model(setup.run.model))
