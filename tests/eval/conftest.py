@@ -25,7 +25,8 @@ def default_script(question: str) -> list[str]:
 
 class StubAPI:
     """The server; ``answers`` maps a question to its right answer, ``delay`` slows every reply,
-    ``requests`` counts requests per ``X-Vime-Sample`` key."""
+    ``requests`` counts requests per ``X-Vime-Sample`` key, ``api_keys`` holds the
+    Authorization headers seen."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class StubAPI:
         self.delay = delay
         self.hang = hang
         self.requests: Counter[str] = Counter()
+        self.api_keys: set[str] = set()
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -67,6 +69,7 @@ class StubAPI:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests[request.headers.get("X-Vime-Sample", "")] += 1
+        self.api_keys.add(request.headers.get("Authorization", ""))
         question = body["messages"][-1]["content"]
         actions = self.script(question)
         attempt = int(request.headers.get("X-Vime-Attempt", "1"))

@@ -54,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.model:
             raise ConfigError(f"--base-url {args.base_url} needs --model NAME (the served name)")
         if args.vllm_args or args.router_args:
-            flag = (args.vllm_args or args.router_args)[0]
+            prefix, forwarded = (
+                ("--vllm-", args.vllm_args) if args.vllm_args else ("--router-", args.router_args)
+            )
+            flag = prefix + forwarded[0].split("=", 1)[0][2:]
             raise ConfigError(f"{flag} only applies with --serve (Vime starts no engine here)")
         api_key = next((os.environ[v] for v in API_KEY_VARS if os.environ.get(v)), "EMPTY")
         summary = asyncio.run(
