@@ -9,5 +9,7 @@ from vime.envs.tools import tool
 
 register("vime/Math-v0", "vime.envs.math_env:MathEnv")
 register("vime/GuessNumber-v0", "vime.envs.guess_number:GuessNumberEnv")
+register("vime/MathTool-v0", "vime.envs.math_tool:MathToolEnv")
+register("vime/Code-v0", "vime.envs.code:CodeEnv")
 
 __all__ = ["Env", "ToolEnv", "make", "register", "tool"]

@@ -1,0 +1,247 @@
+"""Grading model-written code with unit tests run in a sandbox: code extraction from a reply,
+test plans (HumanEval ``check`` functions split into one test per assert), and the harness."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from vime.sandboxes import Sandbox
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_PYTHON_TAGS = {"", "python", "py", "python3"}
+MAX_ERROR_CHARS = 300
+
+# Runs in the sandbox. Results go to a duplicate of the original stdout, each line tagged with
+# a nonce read from stdin before the answer runs, so text the answer prints is never taken for
+# a result. The answer runs in this same process: this keeps accidents out, not an adversary.
+HARNESS = r"""
+import json, os, sys, traceback
+
+nonce = sys.stdin.readline().strip()
+with open("vime_tests.json") as f:
+    spec = json.load(f)
+results = os.fdopen(os.dup(1), "w")
+sys.stdout = sys.stderr
+
+
+def report(index, error):
+    results.write(json.dumps([nonce, index, error]) + "\n")
+    results.flush()
+
+
+def describe(exc):
+    return (type(exc).__name__ + (": " + str(exc) if str(exc) else ""))[:MAX_ERROR_CHARS]
+
+
+namespace = {"__name__": "solution"}
+try:
+    exec(compile(spec["solution"], "solution.py", "exec"), namespace)
+    exec(compile(spec["preamble"], "tests.py", "exec"), namespace)
+    for name, target in spec["bind"].items():
+        namespace[name] = namespace[target]
+except BaseException as exc:
+    traceback.print_exc()
+    report("load", describe(exc))
+    sys.exit(1)
+for index, step in enumerate(spec["steps"]):
+    try:
+        exec(compile(step["code"], "test_%d.py" % index, "exec"), namespace)
+    except BaseException as exc:
+        traceback.print_exc()
+        if not step["counted"]:
+            report("load", "test setup failed: " + describe(exc))
+            break
+        report(index, describe(exc))
+    else:
+        if step["counted"]:
+            report(index, None)
+""".replace("MAX_ERROR_CHARS", str(MAX_ERROR_CHARS))
+
+
+def extract_code(text: str, entry_point: str | None = None) -> str:
+    """The code in a model reply: a fenced Python block (the last one that defines
+    ``entry_point`` when given, else the last one), else the whole text. An unclosed fence (a
+    reply cut by the token limit) counts up to the end of the text."""
+    blocks = [body for tag, body in _FENCE.findall(text) if tag.lower() in _PYTHON_TAGS]
+    if not blocks:
+        return text
+    if entry_point:
+        defining = [
+            b for b in blocks if re.search(rf"^\s*(async\s+)?def\s+{entry_point}\b", b, re.M)
+        ]
+        if defining:
+            return defining[-1]
+    return blocks[-1]
+
+
+def _defines(code: str, name: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name
+        for node in tree.body
+    )
+
+
+def solution_source(code: str, *, prefix: str = "", entry_point: str | None = None) -> str:
+    """The program to test: ``prefix`` (a HumanEval prompt: imports, helpers, the signature)
+    then the answer. An answer that does not define ``entry_point`` is taken as the body that
+    continues the prefix (completion style)."""
+    if not prefix:
+        return code
+    if entry_point and not _defines(code, entry_point):
+        return prefix + code
+    return prefix + "\n\n" + code
+
+
+@dataclass
+class TestPlan:
+    """What runs after the solution: ``preamble`` (not counted), ``bind`` (name -> defined
+    name, e.g. ``candidate`` -> the entry point), then ``steps``, of which the ``counted`` ones
+    are the tests. A failing uncounted step (setup) fails every test after it."""
+
+    __test__ = False  # not a pytest class
+
+    steps: list[dict[str, Any]]
+    preamble: str = ""
+    bind: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """The number of tests."""
+        return sum(step["counted"] for step in self.steps)
+
+
+def _is_test(statement: ast.stmt) -> bool:
+    # an assert of a constant (HumanEval's `assert True, "..."`) passes for any answer
+    return any(
+        isinstance(node, ast.Assert) and not isinstance(node.test, ast.Constant)
+        for node in ast.walk(statement)
+    )
+
+
+def _compiles_alone(source: str) -> bool:
+    try:
+        compile(source, "<test>", "exec")
+    except SyntaxError:  # `return`, `yield` or `nonlocal` only make sense inside check
+        return False
+    return True
+
+
+def check_function_plan(test: str, entry_point: str) -> TestPlan:
+    """A plan for HumanEval-style tests: ``test`` defines ``check(candidate)``.
+
+    Each top-level statement of ``check``'s body that asserts something about the answer is
+    one test (a loop of asserts is one test); the other statements are setup, run in order.
+    When the body cannot be split (no ``check``, a ``return`` in it, no such assert) the whole
+    ``check(entry_point)`` call is the single test.
+    """
+    whole = TestPlan(preamble=test, steps=[{"code": f"check({entry_point})", "counted": True}])
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return whole
+    check = next(
+        (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None
+    )
+    if check is None or len(check.args.args) != 1:
+        return whole
+    steps = []
+    for statement in check.body:
+        source = ast.get_source_segment(test, statement) or ast.unparse(statement)
+        if not _compiles_alone(source):
+            return whole
+        steps.append({"code": source, "counted": _is_test(statement)})
+    plan = TestPlan(preamble=test, bind={check.args.args[0].arg: entry_point}, steps=steps)
+    return plan if plan.total else whole
+
+
+def plan_for(task: dict[str, Any]) -> TestPlan:
+    """The test plan of a task: its ``tests`` (a list of statements, each one test) or its
+    ``test`` code with a ``check(candidate)`` function and ``entry_point``."""
+    if "tests" in task:
+        return TestPlan(steps=[{"code": str(t), "counted": True} for t in task["tests"]])
+    return check_function_plan(str(task["test"]), str(task["entry_point"]))
+
+
+@dataclass
+class TestReport:
+    """How an answer did: tests passed out of ``total``, the first failures, whether the run
+    timed out, and an error that stopped the tests before they ran (e.g. a SyntaxError)."""
+
+    __test__ = False  # not a pytest class
+
+    passed: int
+    total: int
+    failures: list[str]
+    timed_out: bool
+    load_error: str | None
+
+    @property
+    def fraction(self) -> float:
+        """The fraction of tests passed (0.0 when there are none)."""
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        """True when every test passed."""
+        return self.total > 0 and self.passed == self.total
+
+    def summary(self, max_failures: int = 3) -> str:
+        """A few lines for the model: the score, then what went wrong."""
+        lines = [f"{self.passed}/{self.total} tests passed."]
+        if self.timed_out:
+            lines.append("The tests timed out: the program was killed (an infinite loop?).")
+        if self.load_error:
+            lines.append(f"The code could not run: {self.load_error}")
+        lines += self.failures[:max_failures]
+        if len(self.failures) > max_failures:
+            lines.append(f"... and {len(self.failures) - max_failures} more failing test(s).")
+        return "\n".join(lines)
+
+
+async def run_tests(
+    sandbox: Sandbox, solution: str, plan: TestPlan, *, timeout: float
+) -> TestReport:
+    """Run ``plan`` against ``solution`` in ``sandbox`` within ``timeout`` seconds (wall clock).
+
+    Tests that passed before a timeout or a crash count; the rest fail.
+    """
+    nonce = secrets.token_hex(16)
+    spec = {
+        "solution": solution,
+        "preamble": plan.preamble,
+        "bind": plan.bind,
+        "steps": plan.steps,
+    }
+    result = await sandbox.run(
+        ["python3", "vime_harness.py"],
+        timeout=timeout,
+        stdin=nonce + "\n",
+        files={"vime_harness.py": HARNESS, "vime_tests.json": json.dumps(spec)},
+    )
+    outcomes: dict[Any, str | None] = {}
+    for line in result.stdout.splitlines():
+        try:
+            tag, index, error = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        if tag == nonce and index not in outcomes:
+            outcomes[index] = error
+    counted = [i for i, step in enumerate(plan.steps) if step["counted"]]
+    passed = sum(1 for i in counted if i in outcomes and outcomes[i] is None)
+    failures = []
+    for i in counted:
+        if outcomes.get(i) is not None:
+            failures.append(f"Failed: {plan.steps[i]['code'][:200]}\n  -> {outcomes[i]}")
+    load_error = outcomes.get("load")
+    if load_error is None and not outcomes and not result.timed_out and result.exit_code != 0:
+        load_error = (result.stderr.strip().splitlines() or [f"exit code {result.exit_code}"])[-1]
+    return TestReport(passed, len(counted), failures, result.timed_out, load_error)
