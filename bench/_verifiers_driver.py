@@ -62,6 +62,7 @@ async def drive(url: str, concurrency: int, episodes: int, turns: int) -> dict:
         completion = o.get("completion") or []
         done += sum(1 for m in completion if _role(m) == "assistant")
     correct_n = sum(1 for o in outputs if (o.get("reward") or 0.0) == 1.0)
+    errors = [str(o.get("error"))[:200] for o in outputs if o.get("error")]
     return {
         "framework": "verifiers",
         "version": vf.__version__,
@@ -71,6 +72,8 @@ async def drive(url: str, concurrency: int, episodes: int, turns: int) -> dict:
         "turns": done,
         "seconds": round(elapsed, 3),
         "turns_per_s": round(done / elapsed, 1),
+        "failed_episodes": len(errors),
+        "first_error": errors[0] if errors else None,
     }
 
 

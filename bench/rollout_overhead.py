@@ -187,7 +187,7 @@ def main() -> None:
                 for r in rows
                 if r["framework"] == "verifiers"
                 and r["concurrency"] == row["concurrency"]
-                and "turns_per_s" in r
+                and r.get("turns_per_s")
             ),
             None,
         )
