@@ -7,6 +7,7 @@ import ast
 import json
 import re
 import secrets
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,18 @@ def _defines(code: str, name: str) -> bool:
     )
 
 
+def _as_body(code: str) -> str:
+    """``code`` indented as a function body: chat replies often lose the first line's indent
+    (stripped text), and some bodies come with no indent at all."""
+    lines = code.split("\n")
+    if not lines[0] or lines[0][0].isspace():
+        return code
+    rest = [line for line in lines[1:] if line.strip()]
+    if rest and all(line[0].isspace() for line in rest):
+        return "    " + code
+    return textwrap.indent(code, "    ")
+
+
 def solution_source(code: str, *, prefix: str = "", entry_point: str | None = None) -> str:
     """The program to test: ``prefix`` (a HumanEval prompt: imports, helpers, the signature)
     then the answer. An answer that does not define ``entry_point`` is taken as the body that
@@ -97,7 +110,7 @@ def solution_source(code: str, *, prefix: str = "", entry_point: str | None = No
     if not prefix:
         return code
     if entry_point and not _defines(code, entry_point):
-        return prefix + code
+        return prefix + _as_body(code)
     return prefix + "\n\n" + code
 
 

