@@ -114,3 +114,13 @@ def test_api_key_is_not_a_flag(tmp_path, capsys):
     code = main(["eval", "--env", "vime/Math-v0", "--output", "o", "--api-key", "sk-1"])
     assert code == 2
     assert "unrecognized argument '--api-key'" in capsys.readouterr().err
+
+
+def test_a_refused_output_dir_starts_no_engine(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "config.json").write_text('{"env": "vime/Math-v0", "n": 99}')
+    code = main(["eval", "--env", "vime/Math-v0", "--output", str(out), "--serve", "/no/model"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "holds results of a different eval config" in err and "starting engines" not in err

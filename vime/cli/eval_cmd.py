@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from vime.config.schema import build
     from vime.errors import ConfigError
     from vime.eval.config import API_KEY_VARS, EvalConfig
-    from vime.eval.runner import evaluate
+    from vime.eval.runner import evaluate, prepare
 
     config = build(EvalConfig, args)
     if bool(args.base_url) == bool(args.serve):
@@ -76,13 +76,16 @@ def run(args: argparse.Namespace) -> int:
             vllm_args=args.vllm_args,
             router_args=args.router_args,
         )
+        prepared = prepare(config, serve.model)  # a refused output dir starts no engine
         service = InferenceService(serve)
         print(
             f"vime: starting engines for {serve.model} (logs in {service.log_dir})", file=sys.stderr
         )
         with service.start():
             summary = asyncio.run(
-                evaluate(config, base_url=service.base_url, model=service.model_name)
+                evaluate(
+                    config, base_url=service.base_url, model=service.model_name, prepared=prepared
+                )
             )
     _print_summary(summary, config.output)
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from vime.eval.client import EvalClient, RequestFailed
@@ -148,16 +149,49 @@ async def run_pending(
     return len(pending)
 
 
+@dataclass
+class PreparedRun:
+    """An eval whose tasks are resolved and whose output dir is checked and open."""
+
+    config: EvalConfig
+    env: Any
+    tasks: list[dict[str, Any]]
+    identity: dict[str, Any]
+    store: ResultStore
+
+
+def prepare(config: EvalConfig, model_id: str) -> PreparedRun:
+    """Resolve the tasks and open the output dir (refusing another config's results) before
+    any engine starts, so a mistake costs nothing."""
+    env = make_env(config)
+    try:
+        tasks = resolve_tasks(
+            env, path=config.tasks, num_tasks=config.num_tasks, seed=config.task_seed
+        )
+        identity = config.identity(model_id, [str(t["id"]) for t in tasks])
+        store = ResultStore(config.output, identity, overwrite=config.overwrite)
+    except BaseException:
+        env.close()
+        raise
+    return PreparedRun(config, env, tasks, identity, store)
+
+
 async def evaluate(
-    config: EvalConfig, *, base_url: str, model: str, api_key: str = "EMPTY"
+    config: EvalConfig,
+    *,
+    base_url: str,
+    model: str,
+    api_key: str = "EMPTY",
+    prepared: PreparedRun | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the eval in ``config.output`` and write its reports; return the summary."""
+    """Run (or resume) the eval in ``config.output`` and write its reports; return the summary.
+
+    ``model`` is the name at ``base_url``; ``prepared`` (from :func:`prepare`) may carry a
+    more precise model identity, such as the served folder.
+    """
     from vime.eval.report import summarize, write_reports
 
-    env = make_env(config)
-    tasks = resolve_tasks(env, path=config.tasks, num_tasks=config.num_tasks, seed=config.task_seed)
-    identity = config.identity(model, [str(t["id"]) for t in tasks])
-    store = ResultStore(config.output, identity, overwrite=config.overwrite)
+    run = prepared or prepare(config, model)
     client = EvalClient(
         base_url,
         model=model,
@@ -168,9 +202,9 @@ async def evaluate(
         requests_per_second=config.requests_per_second,
     )
     try:
-        await run_pending(config, client, tasks, store, first_env=env)
+        await run_pending(config, client, run.tasks, run.store, first_env=run.env)
     finally:
-        store.close()
-    summary = summarize(tasks, store.results, n=config.n, ks=config.ks)
-    write_reports(store.dir, summary, identity)
+        run.store.close()
+    summary = summarize(run.tasks, run.store.results, n=config.n, ks=config.ks)
+    write_reports(run.store.dir, summary, run.identity)
     return summary
