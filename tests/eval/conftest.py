@@ -1,6 +1,6 @@
 """Fixtures for eval tests. ``StubAPI``: a faulty OpenAI-compatible chat server (aiohttp): per question it follows a
 script of actions, one per attempt of a sample (the last repeats): ``right`` and ``wrong``
-answers, ``429``, ``500``, ``timeout`` (answers after ``hang`` seconds), ``malformed`` (a
+answers, ``verbatim`` (the answer text itself), ``429``, ``500``, ``timeout`` (answers after ``hang`` seconds), ``malformed`` (a
 200 whose body is not JSON) and ``no_choices`` (JSON without ``choices``)."""
 
 from __future__ import annotations
@@ -84,7 +84,12 @@ class StubAPI:
         if action == "no_choices":
             return web.json_response({"id": "x", "object": "chat.completion"})
         answer = self.answers.get(question, "0")
-        text = f"The answer is \\boxed{{{answer}}}." if action == "right" else "\\boxed{-1}"
+        if action == "verbatim":
+            text = answer
+        elif action == "right":
+            text = f"The answer is \\boxed{{{answer}}}."
+        else:
+            text = "\\boxed{-1}"
         return web.json_response(
             {
                 "id": "chatcmpl-stub",

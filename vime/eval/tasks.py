@@ -15,14 +15,20 @@ def resolve_tasks(
 ) -> list[dict[str, Any]]:
     """The task rows of a run, each with a unique string ``id``.
 
-    ``path``: rows of that file (first ``num_tasks``). Otherwise the env's ``generate_tasks(
-    count, seed=)`` (its own benchmark rows, or ``count`` generated ones), else its ``tasks``
-    list. An env with neither needs ``--tasks``.
+    ``path``: rows of that file (first ``num_tasks``). Without ``num_tasks``: the env's whole
+    own set (``task_pool()`` or a ``tasks`` list) if it has one. Otherwise the env's
+    ``generate_tasks(count, seed=)`` (for a benchmark, ``count`` of its rows drawn with
+    ``seed``; for a generator, ``count`` new ones; 32 by default). An env with none of these
+    needs ``--tasks``.
     """
     if path:
         from vime.data import load_tasks
 
         rows = load_tasks(path)
+    elif num_tasks is None and callable(getattr(env, "task_pool", None)):
+        rows = env.task_pool()  # a whole benchmark by default (HumanEval for Code-v0)
+    elif num_tasks is None and isinstance(getattr(env, "tasks", None), list) and env.tasks:
+        rows = env.tasks
     elif callable(getattr(env, "generate_tasks", None)):
         rows = env.generate_tasks(num_tasks or DEFAULT_GENERATED, seed=seed)
     elif isinstance(getattr(env, "tasks", None), list) and env.tasks:
