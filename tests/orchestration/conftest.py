@@ -35,7 +35,7 @@ def train_argv(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     """A small, fast `vime train` command line for a tiny model on CPU."""
     return [
         sys.executable, "-m", "vime", "train",
-        "--model", str(model), "--env", "vime/Math-v0", "--tasks", str(tasks),
+        "--model", str(model), "--env", "parity_env:test/Parity-v0", "--tasks", str(tasks),
         "--output-dir", str(out), "--rollout-batch-size", "2", "--n", "2",
         "--rollout-max-response-len", "8", "--max-turns", "1", "--lr", "1e-3",
         "--vllm-max-model-len", "256", "--vllm-enforce-eager",
