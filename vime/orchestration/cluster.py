@@ -106,6 +106,7 @@ class Cluster:
                     master_port=master[1],
                     num_threads=threads,
                     owner=owner,
+                    megatron_args=self.setup.megatron_args,
                 )
             )
         ray.get([t.weight_version.remote() for t in self.trainers])  # constructed

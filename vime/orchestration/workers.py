@@ -43,6 +43,7 @@ class TrainerWorker:
         master_port: int,
         num_threads: int,
         owner: tuple[int, str] | None = None,
+        megatron_args: list[str] | None = None,
     ) -> None:
         import torch
 
@@ -63,7 +64,10 @@ class TrainerWorker:
         from vime.training import create_trainer
 
         self.rank = rank
-        self.trainer = create_trainer(trainer_config, loss=loss_config)
+        extra = (
+            {"megatron_args": megatron_args or []} if trainer_config.backend == "megatron" else {}
+        )
+        self.trainer = create_trainer(trainer_config, loss=loss_config, **extra)
 
     def node(self) -> str:
         """The node this rank runs on."""
