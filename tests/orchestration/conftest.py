@@ -44,11 +44,14 @@ def train_argv(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_env() -> dict[str, str]:
+    # parity_env.py (beside this file) must import in the driver, which plays the episodes.
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "RAY_AUTH_MODE": "disabled",
         "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": path,
     }
 
 

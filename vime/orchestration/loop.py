@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vime.errors import VimeError
 from vime.orchestration.batching import PreparedBatch, prepare_batch, rollout_metrics
 from vime.orchestration.cluster import Cluster
 from vime.orchestration.metrics_log import MetricsLogger
@@ -28,7 +29,7 @@ from vime.orchestration.run_state import (
 )
 from vime.orchestration.setup import TrainSetup
 from vime.orchestration.task_stream import TaskStream
-from vime.types import Trajectory
+from vime.types import Status, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,13 @@ class RLLoop:
         )
         metrics = rollout_metrics([t for g in groups for t in g])
         metrics.update({f"rollout/dropped_{k}": float(v) for k, v in prepared.dropped.items()})
+        everything = [t for g in groups for t in g]
+        if everything and all(t.status is Status.FAILED for t in everything):
+            # Every episode failing is a broken setup (env, tools, engine), not bad luck.
+            raise VimeError(
+                f"step {self.state.step + 1}: all {len(everything)} episodes failed; the first "
+                f"error: {everything[0].error}"
+            )
         if not prepared.trajectories:
             log.warning(
                 "step %d: no trajectory could train (%s); skipping",
