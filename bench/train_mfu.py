@@ -1,0 +1,297 @@
+"""Train-step throughput and MFU of the megatron and torch trainer backends, side by side.
+
+Random-weight Qwen3-shaped models, sequences of ``--seq-len`` tokens, one full ``train_step``
+(forward, backward, optimizer) per measurement. MFU counts the matmul FLOPs of a token,
+``6 N + 6 L s q`` (N: weights in matmuls, tied embeddings once as the output layer; L layers;
+s sequence length; q query width; causal attention), against the bf16 matmul rate measured in
+the same run. Each (model, backend) runs in its own process so GPU memory starts empty; the
+megatron runs also time ``export_weights`` into pinned CPU memory.
+
+    python bench/train_mfu.py --models qwen3-1.7b,qwen3-4b --backends megatron,torch \
+        --seq-len 4096 --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def matmul_tflops(n: int = 8192, iters: int = 10) -> float:
+    """Dense bf16 ``n x n x n`` matmul rate on random data (mean of ``iters`` after warm-up)."""
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * iters / (time.perf_counter() - start) / 1e12
+
+
+def flops_per_token(arch: Any, seq_len: int) -> float:
+    """Training FLOPs of one token: ``6 N_matmul + 6 L s q`` (causal attention)."""
+    h, d = arch.hidden_size, arch.head_dim
+    q, kv = arch.num_heads * d, arch.num_kv_heads * d
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * arch.ffn_hidden_size
+    n_matmul = arch.num_layers * per_layer + arch.vocab_size * h
+    return 6 * n_matmul + 6 * arch.num_layers * seq_len * q
+
+
+def make_batch(num_samples: int, seq_len: int, vocab: int, prompt: int = 256) -> Any:
+    """Random token sequences with a ``prompt``-token unmasked prefix and +-1 advantages."""
+    import torch
+
+    from vime.training.batch import TrainBatch, TrainSample
+
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(num_samples):
+        ids = torch.randint(0, vocab, (seq_len,), generator=g).tolist()
+        mask = [0] * prompt + [1] * (seq_len - prompt)
+        adv = 1.0 if i % 2 == 0 else -1.0
+        samples.append(
+            TrainSample(
+                token_ids=ids,
+                loss_mask=mask,
+                advantages=[adv * m for m in mask],
+                rollout_logprobs=[-1.0 * m for m in mask],
+                sample_id=str(i),
+            )
+        )
+    return TrainBatch(samples)
+
+
+def build_trainer(backend: str, model: str, folder: Path, seq_len: int, extra: list[str]) -> Any:
+    """A random-weight trainer of ``backend`` for the shape ``model``."""
+    import torch
+    from qwen3_shapes import qwen3_config, write_config_folder
+
+    from vime.training.base import TrainerConfig
+
+    write_config_folder(model, folder)
+    config = TrainerConfig(
+        hf_checkpoint=str(folder),
+        backend=backend,
+        lr=1e-6,
+        max_tokens_per_micro_batch=seq_len,
+        dtype="bfloat16",
+    )
+    if backend == "megatron":
+        from vime.training.megatron.trainer import MegatronTrainer
+
+        return MegatronTrainer(config, megatron_args=["--bf16", *extra], load_weights=False)
+    from transformers import AutoModelForCausalLM
+
+    from vime.training.torch_backend import TorchTrainer
+
+    class RandomTorchTrainer(TorchTrainer):
+        def _load_model(self) -> torch.nn.Module:
+            with torch.device(self.device):
+                return AutoModelForCausalLM.from_config(
+                    qwen3_config(model), dtype=torch.float32, attn_implementation="sdpa"
+                )
+
+    return RandomTorchTrainer(config)
+
+
+def export_rate(trainer: Any) -> dict[str, float]:
+    """GB/s of ``export_weights`` copied into pinned CPU buffers: first pass and reuse."""
+    import torch
+
+    pinned: dict[str, torch.Tensor] = {}
+    out = {}
+    for label in ("export_first_pass_gbps", "export_gbps"):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        total = 0
+        for bucket in trainer.export_weights():
+            for name, t in bucket:
+                if name not in pinned:
+                    pinned[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                pinned[name].copy_(t, non_blocking=True)
+                total += t.numel() * t.element_size()
+        torch.cuda.synchronize()
+        out[label] = total / (time.perf_counter() - start) / 1e9
+        out["export_gb"] = total / 1e9
+    return out
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure one (model, backend) in this process."""
+    from qwen3_shapes import qwen3_config
+
+    from vime.training.megatron.arch import arch_from_hf_config
+
+    arch = arch_from_hf_config(qwen3_config(args.model))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(
+            args.backend,
+            args.model,
+            Path(tmp),
+            args.seq_len * args.pack,
+            args.megatron_args.split(),
+        )
+    batch = make_batch(args.samples, args.seq_len, arch.vocab_size)
+    with attention_backends(args.sdpa):
+        result = measure(trainer, batch, arch, args)
+    result["variant"] = args.variant
+    return result
+
+
+def attention_backends(choice: str) -> Any:
+    """SDPA kernel preference: ``default`` (torch's order) or ``cudnn`` first."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if choice == "default":
+        return contextlib.nullcontext()
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    return sdpa_kernel(order, set_priority=True)
+
+
+def profile_step(trainer: Any, batch: Any) -> None:
+    """Print the GPU kernels of one train step by total time, and how busy the GPU was."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(batch)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6
+    print(f"PROFILE wall {wall * 1e3:.0f} ms, kernels {busy * 1e3:.0f} ms", flush=True)
+    print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=70))
+
+
+def measure(trainer: Any, batch: Any, arch: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Median train-step time after warm-up, with throughput, FLOP rate and peak memory."""
+    import torch
+
+    for _ in range(args.warmup):
+        trainer.train_step(batch)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    metrics: dict[str, float] = {}
+    for _ in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        metrics = trainer.train_step(batch)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    step = sorted(times)[len(times) // 2]
+    tokens = batch.num_tokens
+    result = {
+        "model": args.model,
+        "backend": args.backend,
+        "params_b": arch.num_parameters / 1e9,
+        "seq_len": args.seq_len,
+        "tokens_per_step": tokens,
+        "step_s": step,
+        "tokens_per_s": tokens / step,
+        "tflops": flops_per_token(arch, args.seq_len) * tokens / step / 1e12,
+        "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+        "loss": metrics.get("loss"),
+        "grad_norm": metrics.get("grad_norm"),
+    }
+    if args.backend == "megatron" and args.export:
+        result.update(export_rate(trainer))
+    if args.profile:
+        profile_step(trainer, batch)
+    return result
+
+
+def main() -> None:
+    """Parse flags; as parent, run every (model, backend) child and print the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="qwen3-1.7b,qwen3-4b")
+    p.add_argument(
+        "--backends",
+        default="megatron+export,torch",
+        help="comma-separated variants: backend[+cudnn][+pack2][+profile][+export] (cudnn: "
+        "cuDNN attention first; pack2: two sequences per micro-batch; export: time "
+        "export_weights; profile: print a kernel profile of one step)",
+    )
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--samples", type=int, default=2, help="sequences per train step")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--megatron-args", default="--use-distributed-optimizer")
+    p.add_argument("--out", default="")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="", help=argparse.SUPPRESS)
+    p.add_argument("--sdpa", default="default", help=argparse.SUPPRESS)
+    p.add_argument("--pack", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--backend", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(run_child(args)), flush=True)
+        return
+    rate = matmul_tflops()
+    print(f"bf16 matmul 8192^3: {rate:.0f} TFLOP/s (reference 790)", flush=True)
+    rows = []
+    for model in args.models.split(","):
+        for variant in args.backends.split(","):
+            backend, *opts = variant.split("+")
+            cmd = [sys.executable, __file__, "--child", "--model", model, "--backend", backend]
+            cmd += [f"--variant={variant}"]
+            for flag in ("seq_len", "samples", "warmup", "steps", "megatron_args"):
+                cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
+            cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
+            cmd += ["--pack=2"] if "pack2" in opts else []
+            cmd += ["--profile"] if "profile" in opts else []
+            cmd += ["--export"] if "export" in opts else []
+            started = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+            found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            print("\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith("RESULT")))
+            if proc.returncode or not found:
+                row = {"model": model, "backend": variant, "error": proc.stderr[-3000:]}
+                print(f"{model} {backend} FAILED:\n{proc.stderr[-3000:]}", flush=True)
+            else:
+                row = json.loads(found[-1][len("RESULT ") :])
+                row["mfu_measured"] = row["tflops"] / rate
+                row["mfu_790"] = row["tflops"] / 790.0
+                print(f"{model} {variant}: {json.dumps(row)}", flush=True)
+            row["wall_s"] = time.perf_counter() - started
+            rows.append(row)
+    print(
+        f"\n{'model':12} {'backend':9} {'tok/s':>8} {'TFLOP/s':>8} {'MFU@790':>8} "
+        f"{'MFU@meas':>8} {'peak GB':>8} {'export GB/s':>11}"
+    )
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:12} {r['backend']:24} failed")
+            continue
+        exp = f"{r['export_gbps']:.1f}" if "export_gbps" in r else "-"
+        print(
+            f"{r['model']:12} {r['backend']:9} {r['tokens_per_s']:8.0f} {r['tflops']:8.0f} "
+            f"{r['mfu_790']:8.1%} {r['mfu_measured']:8.1%} {r['peak_gb']:8.1f} {exp:>11}"
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"matmul_tflops": rate, "runs": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

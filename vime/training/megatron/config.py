@@ -1,0 +1,129 @@
+"""Megatron's own flags (TP/PP/DP layout, distributed optimizer, precision, recompute), typed.
+
+They arrive as passthrough arguments, spelled as Megatron spells them
+(``--tensor-model-parallel-size 2 --use-distributed-optimizer --bf16``), and are parsed once
+into a :class:`MegatronConfig`; an unknown or contradictory flag is a ``ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from vime.errors import ConfigError
+
+Role = Literal["actor", "reference"]
+
+
+@dataclass(frozen=True)
+class MegatronConfig:
+    """Parallel layout and Megatron-specific training options."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    use_distributed_optimizer: bool = False
+    bf16: bool = False
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = None
+    overlap_grad_reduce: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tensor_model_parallel_size < 1:
+            raise ConfigError(
+                f"--tensor-model-parallel-size {self.tensor_model_parallel_size} must be >= 1"
+            )
+        if self.pipeline_model_parallel_size < 1:
+            raise ConfigError(
+                f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size} must be >= 1"
+            )
+        if self.pipeline_model_parallel_size > 1:
+            raise ConfigError(
+                f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size}: pipeline "
+                "parallelism is not implemented by Vime's Megatron backend yet; use tensor and "
+                "data parallelism (--tensor-model-parallel-size, more processes)"
+            )
+        if self.recompute_granularity == "full":
+            if self.recompute_method is None or not self.recompute_num_layers:
+                raise ConfigError(
+                    "--recompute-granularity full needs --recompute-method (uniform or block) "
+                    "and --recompute-num-layers N"
+                )
+        elif self.recompute_method is not None or self.recompute_num_layers is not None:
+            raise ConfigError(
+                "--recompute-method/--recompute-num-layers apply only with "
+                "--recompute-granularity full"
+            )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """Data-parallel ranks of a ``world_size``-process job; raises when it does not divide."""
+        per_replica = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        if world_size % per_replica:
+            raise ConfigError(
+                f"{world_size} processes cannot be split into model replicas of "
+                f"--tensor-model-parallel-size {self.tensor_model_parallel_size} x "
+                f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size}"
+            )
+        return world_size // per_replica
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"Megatron flags: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="megatron flags", add_help=False, allow_abbrev=False)
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--recompute-num-layers", type=int)
+    p.add_argument("--recompute-activations", action="store_true")
+    p.add_argument("--overlap-grad-reduce", action="store_true")
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--context-parallel-size", type=int, default=1)
+    return p
+
+
+def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
+    """Parse Megatron's flags; raises ``ConfigError`` naming an unknown or unsupported one."""
+    known, unknown = _parser().parse_known_args(list(args))
+    if unknown:
+        raise ConfigError(
+            f"unrecognized Megatron flag {unknown[0]!r}; the Megatron backend accepts "
+            "--tensor-model-parallel-size, --pipeline-model-parallel-size, "
+            "--use-distributed-optimizer, --bf16, --recompute-granularity, --recompute-method, "
+            "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce"
+        )
+    if known.fp16:
+        raise ConfigError("--fp16 is not supported by the Megatron backend; use --bf16")
+    if known.sequence_parallel:
+        raise ConfigError(
+            "--sequence-parallel needs TransformerEngine-style fused norms, which this backend "
+            "does not use; drop the flag"
+        )
+    if known.context_parallel_size != 1:
+        raise ConfigError(
+            f"--context-parallel-size {known.context_parallel_size} is not supported (only 1)"
+        )
+    granularity = known.recompute_granularity
+    if known.recompute_activations:
+        if granularity not in (None, "selective"):
+            raise ConfigError("--recompute-activations contradicts --recompute-granularity full")
+        granularity = "selective"
+    return MegatronConfig(
+        tensor_model_parallel_size=known.tensor_model_parallel_size,
+        pipeline_model_parallel_size=known.pipeline_model_parallel_size,
+        use_distributed_optimizer=known.use_distributed_optimizer,
+        bf16=known.bf16,
+        recompute_granularity=granularity,
+        recompute_method=known.recompute_method,
+        recompute_num_layers=known.recompute_num_layers,
+        overlap_grad_reduce=known.overlap_grad_reduce,
+    )

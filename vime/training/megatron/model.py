@@ -1,0 +1,223 @@
+"""Megatron-core GPT models for Llama/Qwen2/Qwen3 built from a :class:`GPTArch`.
+
+The layer spec uses megatron-core's own tensor-parallel linears only (no TransformerEngine, no
+Apex) and swaps in two fast modules: attention through torch SDPA (flash / memory-efficient
+kernels instead of materialising ``[b, heads, s, s]`` scores) and RMSNorm through
+``torch.nn.functional.rms_norm``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from vime.training.megatron.arch import GPTArch
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer import TransformerConfig
+
+    from vime.training.megatron.config import MegatronConfig
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm with the signature Megatron's builders call (``config, hidden_size, eps``)."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-6, **_: Any) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(
+            torch.ones(hidden_size, dtype=config.params_dtype, device=_init_device(config))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise over the last dimension (fused kernel where torch has one)."""
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+
+
+def _init_device(config: Any) -> torch.device:
+    if config.use_cpu_initialization or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class SDPAttention(torch.nn.Module):
+    """Causal core attention through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Takes Megatron's layouts: ``[s, b, heads, dim]`` tensors, or ``[t, heads, dim]`` packed
+    sequences (``thd``) whose bounds come in ``packed_seq_params.cu_seqlens_q``; each packed
+    sequence attends only within itself. Returns ``[s, b, heads * dim]`` (``[t, heads * dim]``
+    when packed).
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        **_: Any,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.softmax_scale = softmax_scale
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``[b, s, h, d]`` query and ``[b, s, g, d]`` key/value -> ``[b, s, h, d]``."""
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if k.shape[1] != q.shape[1]:
+            # Key/value tensors are small; repeating them keeps every SDPA kernel eligible.
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=True,
+            scale=self.softmax_scale,
+        )
+        return out.transpose(1, 2)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        """Attention output, flattened over heads."""
+        if attention_bias is not None:
+            raise ValueError("SDPAttention does not take an attention bias")
+        if packed_seq_params is not None:
+            bounds = packed_seq_params.cu_seqlens_q.tolist()
+            outs = [
+                self._sdpa(query[None, a:b], key[None, a:b], value[None, a:b])[0]
+                for a, b in itertools.pairwise(bounds)
+            ]
+            out = torch.cat(outs) if len(outs) > 1 else outs[0]
+            return out.reshape(out.shape[0], -1)
+        out = self._sdpa(*(t.transpose(0, 1) for t in (query, key, value)))
+        return out.transpose(0, 1).reshape(query.shape[0], query.shape[1], -1)
+
+
+def layer_spec(arch: GPTArch) -> Any:
+    """Megatron block spec: local linears, :class:`SDPAttention`, :class:`RMSNorm`."""
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+    from megatron.core.transformer.transformer_layer import (
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
+
+    qk_norm = RMSNorm if arch.qk_norm else IdentityOp
+    layer = ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=RMSNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=ColumnParallelLinear,
+                    core_attention=SDPAttention,
+                    linear_proj=RowParallelLinear,
+                    q_layernorm=qk_norm,
+                    k_layernorm=qk_norm,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=RMSNorm,
+            mlp=ModuleSpec(
+                module=MLP,
+                submodules=MLPSubmodules(
+                    linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear
+                ),
+            ),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )
+    return TransformerBlockSubmodules(layer_specs=[layer] * arch.num_layers, layer_norm=RMSNorm)
+
+
+def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool) -> Any:
+    """Megatron ``TransformerConfig`` of the model; ``initialize=False`` skips random init."""
+    from megatron.core.transformer import TransformerConfig
+
+    dtype = torch.bfloat16 if mcfg.bf16 else torch.float32
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bf16=mcfg.bf16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
+        sequence_parallel=False,
+        # The fusions below need TransformerEngine or Apex kernels this backend does not use.
+        apply_rope_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        recompute_granularity=mcfg.recompute_granularity,
+        recompute_method=mcfg.recompute_method,
+        recompute_num_layers=mcfg.recompute_num_layers,
+        # Gradients are summed over data-parallel ranks; the loss carries the global normaliser.
+        calculate_per_token_loss=True,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=initialize,
+        init_method_std=0.02,
+    )
+
+
+def build_gpt_model(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool = False) -> GPTModel:
+    """A Megatron ``GPTModel`` of ``arch`` (needs ``parallel_state`` initialised)."""
+    from megatron.core.models.gpt import GPTModel
+
+    model = GPTModel(
+        config=transformer_config(arch, mcfg, initialize=initialize),
+        transformer_layer_spec=layer_spec(arch),
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0,
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model
