@@ -49,7 +49,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         log_dir=str(root / "logs"),
         vllm_args=["--enforce-eager", "--max-model-len", "1024", "--dtype", "float32"],
     )
-    service = InferenceService(config).start()
+    try:
+        service = InferenceService(config).start()
+    except BaseException:
+        remove_weights(other_weights)
+        raise
     try:
         yield Served(service, model_dir, other_weights, AutoTokenizer.from_pretrained(model_dir))
     finally:
