@@ -24,7 +24,7 @@ def test_eval_serve_runs_a_real_engine_end_to_end(tmp_path):
         "--vllm-enforce-eager",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=420, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=570, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert sorted((r["task_id"], r["sample_index"]) for r in rows) == sorted(
