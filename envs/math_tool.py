@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vime.envs.base import StepResult, run_in_env_thread
+from vime.envs.base import StepResult, ToolEnv
 from vime.envs.episode_sandbox import EpisodeSandbox
 from vime.envs.math_env import MathEnv
 from vime.envs.tools import tool
@@ -46,7 +46,7 @@ def format_result(result: ExecResult, *, timeout: float, limit: int) -> str:
     return "\n".join(parts) or "[no output: print() the values you want to see]"
 
 
-class MathToolEnv(MathEnv):
+class MathToolEnv(MathEnv, ToolEnv):
     """Math with a ``python`` tool: turns with tool calls get the programs' output (reward 0,
     the episode goes on); the first turn without one is graded with math-verify against the
     task's ``answer`` (reward 1.0 or 0.0) and ends the episode.
@@ -117,21 +117,14 @@ class MathToolEnv(MathEnv):
         """Run the turn's tool calls, or grade the answer and end the episode."""
         if self.task is None:
             raise EnvError("call reset() before step()")
-        message = self.parse_action(action)
-        if message.get("tool_calls"):
-            results = await self.arun_tools(message)
-            return list(results), 0.0, False, False, results.metrics
-        await self.sandbox.close()
-        observation, reward, terminated, truncated, info = await run_in_env_thread(
-            MathEnv.step, self, message
-        )
-        return (
-            observation,
-            reward,
-            terminated,
-            truncated,
-            {"tool_calls": 0, "tool_errors": 0, **info},
-        )
+        result = await super().astep(action)
+        if result[2]:
+            await self.sandbox.close()
+        return result
+
+    def answer(self, message: Message) -> StepResult:
+        """Grade a turn without tool calls with math-verify; the episode ends."""
+        return MathEnv.step(self, message)
 
     def close(self) -> None:
         """Close the episode's sandbox and the env."""
