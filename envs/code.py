@@ -146,7 +146,8 @@ class CodeEnv(Env):
         self.attempts = 0
         prompt = str(self.task["prompt"])
         if self.task.get("prefix"):  # HumanEval: the prompt is code
-            prompt = f"Complete this Python function:\n\n```python\n{prompt.rstrip()}\n```"
+            code = prompt.strip("\n").rstrip()
+            prompt = f"Complete this Python function:\n\n```python\n{code}\n```"
         messages = [{"role": "user", "content": prompt}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})

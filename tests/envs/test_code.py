@@ -243,3 +243,16 @@ def test_vime_env_check_passes():
     report = check("vime/Code-v0")
     assert report.ok, report.format()
     assert [r.name for r in report.results][-1] == "gymnasium check_env"
+
+
+def test_humaneval_prompt_shows_the_function_to_complete_in_a_code_block(env):
+    messages, info = env.reset(options={"task": HUMANEVAL["HumanEval/0"]})
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "```python code block" in messages[0]["content"]
+    content = messages[1]["content"]
+    assert content.startswith(
+        "Complete this Python function:\n\n```python\nfrom typing import List"
+    )
+    assert content.endswith('    """\n```') and info == {"task_id": "HumanEval/0"}
+    user_task = env.reset(options={"task": ADD_TASK})[0][1]["content"]
+    assert user_task == ADD_TASK["prompt"]
