@@ -44,6 +44,8 @@ try:
     exec(compile(spec["solution"], "solution.py", "exec"), namespace)
     exec(compile(spec["preamble"], "tests.py", "exec"), namespace)
     for name, target in spec["bind"].items():
+        if target not in namespace:
+            raise NameError("the code defines no function %r" % target)
         namespace[name] = namespace[target]
 except BaseException as exc:
     traceback.print_exc()
@@ -73,7 +75,9 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
         return text
     if entry_point:
         defining = [
-            b for b in blocks if re.search(rf"^\s*(async\s+)?def\s+{entry_point}\b", b, re.M)
+            b
+            for b in blocks
+            if re.search(rf"^\s*(async\s+)?def\s+{re.escape(entry_point)}\b", b, re.M)
         ]
         if defining:
             return defining[-1]

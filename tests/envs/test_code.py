@@ -23,6 +23,7 @@ ADD_TASK = {
     "prompt": "Write a function add(a, b) that returns the sum of two integers.",
     "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"],
 }
+DOUBLE_TEST = "def check(f):\n    assert f(2) == 4\n    assert f(0) == 0\n"
 
 
 def fenced(code: str) -> str:
@@ -107,7 +108,7 @@ def test_user_jsonl_tasks_with_a_check_function(tmp_path):
         {
             "id": "double",
             "prompt": "Write double(x).",
-            "test": "def check(f):\n    assert f(2) == 4\n    assert f(0) == 0\n",
+            "test": DOUBLE_TEST,
             "entry_point": "double",
         },
     ]
@@ -256,3 +257,15 @@ def test_humaneval_prompt_shows_the_function_to_complete_in_a_code_block(env):
     assert content.endswith('    """\n```') and info == {"task_id": "HumanEval/0"}
     user_task = env.reset(options={"task": ADD_TASK})[0][1]["content"]
     assert user_task == ADD_TASK["prompt"]
+
+
+def test_an_answer_without_the_entry_point_says_so():
+    task = {"id": "d", "prompt": "Write double(x).", "test": DOUBLE_TEST, "entry_point": "double"}
+    env = vime.make("vime/Code-v0", max_attempts=2)
+    try:
+        env.reset(options={"task": task})
+        observation, reward, *_ = env.step(fenced("def twice(x):\n    return 2 * x"))
+        assert reward == 0.0
+        assert "NameError: the code defines no function 'double'" in observation[0]["content"]
+    finally:
+        env.close()
