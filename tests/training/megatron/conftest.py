@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# megatron_cpu.py (the shim and the spawned workers) imports by name here and in the processes
+# spawn() starts, which inherit sys.path but not pytest's importlib-mode module names.
+sys.path.insert(0, str(Path(__file__).parent))
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -56,63 +57,6 @@ def build_tiny_hf(family: str, folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-# ---- test-only CPU shim -------------------------------------------------------------------
-# megatron-core hard-codes CUDA in a few places (``torch.cuda.current_device()`` for RoPE and
-# buffers, ``device='cuda'`` in optimizer scalars, a ``torch.cuda.FloatTensor`` type assertion in
-# gradient clipping). Inside ``cpu_shim()`` those resolve to the CPU; nothing in vime uses it.
-_FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "empty_like")
-
-
-def _to_cpu(device: Any) -> Any:
-    if device is None:
-        return None
-    if isinstance(device, int) or str(device).startswith("cuda"):
-        return "cpu"
-    return device
-
-
-def _wrap(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if "device" in kwargs:
-            kwargs["device"] = _to_cpu(kwargs["device"])
-        return fn(*args, **kwargs)
-
-    return call
-
-
-def _cuda_type_name(original: Any) -> Any:
-    """``Tensor.type()`` naming CPU tensors as CUDA ones (Megatron asserts the name)."""
-
-    @functools.wraps(original)
-    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs:
-            return original(self, *args, **kwargs)
-        return original(self).replace("torch.", "torch.cuda.", 1)
-
-    return type_
-
-
-@contextlib.contextmanager
-def cpu_shim() -> Iterator[None]:
-    """Redirect megatron-core's hard-coded CUDA device uses to the CPU inside the block."""
-    patches: list[tuple[Any, str, Any]] = [
-        (torch.cuda, "current_device", lambda: "cpu"),
-        (torch.cuda, "synchronize", lambda *a, **k: None),
-        (torch.Tensor, "cuda", lambda self, *a, **k: self),
-        (torch.Tensor, "type", _cuda_type_name(torch.Tensor.type)),
-    ]
-    patches += [(torch, name, _wrap(getattr(torch, name))) for name in _FACTORIES]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
-    try:
-        for obj, name, value in patches:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One saved tiny model folder per family."""
@@ -126,6 +70,7 @@ def megatron_cpu() -> Iterator[None]:
     pytest.importorskip("megatron.core")
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
+    from megatron_cpu import cpu_shim
 
     with cpu_shim():
         yield

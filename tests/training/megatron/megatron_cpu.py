@@ -1,0 +1,96 @@
+"""Test helpers that spawned processes import by name: the CPU shim and distributed workers.
+
+megatron-core hard-codes CUDA in a few places (``torch.cuda.current_device()`` for RoPE and
+buffers, ``device='cuda'`` in optimizer scalars, a ``torch.cuda.FloatTensor`` type assertion in
+gradient clipping). Inside ``cpu_shim()`` those resolve to the CPU; nothing in vime uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+_FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "empty_like")
+
+
+def _to_cpu(device: Any) -> Any:
+    if device is None:
+        return None
+    if isinstance(device, int) or str(device).startswith("cuda"):
+        return "cpu"
+    return device
+
+
+def _wrap(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _cuda_type_name(original: Any) -> Any:
+    """``Tensor.type()`` naming CPU tensors as CUDA ones (Megatron asserts the name)."""
+
+    @functools.wraps(original)
+    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:
+            return original(self, *args, **kwargs)
+        return original(self).replace("torch.", "torch.cuda.", 1)
+
+    return type_
+
+
+@contextlib.contextmanager
+def cpu_shim() -> Iterator[None]:
+    """Redirect megatron-core's hard-coded CUDA device uses to the CPU inside the block."""
+    patches: list[tuple[Any, str, Any]] = [
+        (torch.cuda, "current_device", lambda: "cpu"),
+        (torch.cuda, "synchronize", lambda *a, **k: None),
+        (torch.Tensor, "cuda", lambda self, *a, **k: self),
+        (torch.Tensor, "type", _cuda_type_name(torch.Tensor.type)),
+    ]
+    patches += [(torch, name, _wrap(getattr(torch, name))) for name in _FACTORIES]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def run_megatron(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
+    """One rank of a distributed Megatron run on CPU: logprobs, one train step, the export."""
+    from vime.training.base import TrainerConfig
+    from vime.training.batch import TrainBatch, TrainSample
+    from vime.training.megatron.trainer import MegatronTrainer
+
+    samples = []
+    for i, ids in enumerate(token_lists):
+        mask = [0, 0] + [1] * (len(ids) - 2)
+        sign = 1.0 if i % 2 == 0 else -1.0
+        samples.append(
+            TrainSample(
+                token_ids=ids,
+                loss_mask=mask,
+                advantages=[sign * m for m in mask],
+                rollout_logprobs=[-2.0 * m for m in mask],
+            )
+        )
+    batch = TrainBatch(samples)
+    with cpu_shim():
+        config = TrainerConfig(hf_checkpoint=folder, backend="megatron", seed=7, lr=1e-3)
+        trainer = MegatronTrainer(config, megatron_args=args)
+        logprobs = [t.tolist() for t in trainer.compute_logprobs(batch)]
+        exported = {n: t.clone() for b in trainer.export_weights() for n, t in b}
+        metrics = trainer.train_step(batch)
+        after = [t.tolist() for t in trainer.compute_logprobs(batch)]
+    return {"logprobs": logprobs, "exported": exported, "metrics": metrics, "after": after}
