@@ -76,3 +76,12 @@ def test_quickstart_dry_run_prints_the_plan_and_starts_nothing() -> None:
     assert out.returncode == 0, out.stderr
     assert "env: vime/Math-v0, 4 tasks x 4 samples per step, 3 steps" in out.stdout
     assert "bundle 0: {CPU=1} <- engine 0 (tp rank 0)" in out.stdout
+
+
+def test_env_kwargs_reach_the_env_factory_as_json() -> None:
+    s = setup_of("--env-kwargs", '{"sandbox": "docker", "max_attempts": 4}')
+    assert s.rollout.env_kwargs == {"sandbox": "docker", "max_attempts": 4}
+    with pytest.raises(ConfigError, match="must be a JSON object"):
+        setup_of("--env-kwargs", "[1]")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        setup_of("--env-kwargs", "{sandbox: docker}")

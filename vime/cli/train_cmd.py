@@ -65,6 +65,7 @@ def build_setup(args: argparse.Namespace):
         overrides = {}
         if name == "rollout":
             overrides["seed"] = args.seed if hasattr(args, "seed") else 0
+            overrides["env_kwargs"] = _env_kwargs(getattr(args, "env_kwargs", None))
         if name == "serve":
             overrides.update(
                 model=getattr(args, "model", ""),
@@ -87,6 +88,22 @@ def build_setup(args: argparse.Namespace):
         # Async rollouts are off-policy by up to --max-staleness versions: correct for it.
         parts["loss"] = replace(parts["loss"], tis_cap=2.0)
     return TrainSetup(megatron_args=list(args.passthrough_args), **parts)
+
+
+def _env_kwargs(text: str | None) -> dict:
+    import json
+
+    from vime.errors import ConfigError
+
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env-kwargs {text!r} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--env-kwargs must be a JSON object, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ handed to Megatron's own parser unchanged.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 VLLM_PREFIX = "--vllm-"
@@ -57,7 +58,8 @@ def split_forwarded(tokens: list[str]) -> ForwardedArgs:
 def flags_from_mapping(mapping: dict[str, object], prefix: str = "--") -> list[str]:
     """Turn ``{"max-model-len": 512, "enforce-eager": True}`` into command-line flags.
 
-    ``True`` gives a bare flag, ``False``/``None`` drop it, lists repeat the values.
+    ``True`` gives a bare flag, ``False``/``None`` drop it, lists repeat the values, a
+    mapping becomes one JSON value.
     """
     argv: list[str] = []
     for key, value in mapping.items():
@@ -66,6 +68,8 @@ def flags_from_mapping(mapping: dict[str, object], prefix: str = "--") -> list[s
             argv.append(flag)
         elif value is False or value is None:
             continue
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
         elif isinstance(value, list | tuple):
             argv += [flag, *[str(v) for v in value]]
         else:

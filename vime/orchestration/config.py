@@ -20,6 +20,9 @@ class RunConfig:
     tasks: str | None = option(
         None, help="JSONL/Parquet file of training tasks (default: the env's own generator)"
     )
+    env_kwargs: str | None = option(
+        None, help='keyword arguments for the env as JSON, e.g. \'{"sandbox": "docker"}\''
+    )
     eval_tasks: str | None = option(
         None, help="held-out JSONL/Parquet tasks for --eval-interval (default: generated)"
     )
