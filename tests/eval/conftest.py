@@ -26,7 +26,7 @@ def default_script(question: str) -> list[str]:
 class StubAPI:
     """The server; ``answers`` maps a question to its right answer, ``delay`` slows every reply,
     ``requests`` counts requests per ``X-Vime-Sample`` key, ``api_keys`` holds the
-    Authorization headers seen."""
+    Authorization headers seen, ``seeds`` the requests' sampling seeds."""
 
     def __init__(
         self,
@@ -42,6 +42,7 @@ class StubAPI:
         self.hang = hang
         self.requests: Counter[str] = Counter()
         self.api_keys: set[str] = set()
+        self.seeds: list[int | None] = []
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -70,6 +71,7 @@ class StubAPI:
         body = await request.json()
         self.requests[request.headers.get("X-Vime-Sample", "")] += 1
         self.api_keys.add(request.headers.get("Authorization", ""))
+        self.seeds.append(body.get("seed"))
         question = body["messages"][-1]["content"]
         actions = self.script(question)
         attempt = int(request.headers.get("X-Vime-Attempt", "1"))

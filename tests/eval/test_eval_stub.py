@@ -211,3 +211,15 @@ def test_bad_env_kwargs_are_refused():
         EvalConfig(env="vime/Math-v0", output="o", env_kwargs="[1]")
     with pytest.raises(ConfigError, match="not JSON"):
         EvalConfig(env="vime/Math-v0", output="o", env_kwargs="{difficulty: hard}")
+
+
+async def test_a_sampling_seed_is_sent_only_when_asked(stub_factory, task_file, tmp_path):
+    rows = [("1+1", "2")]
+    stub = await stub_factory(dict(rows))
+    tasks = task_file(rows)
+    await evaluate(config(tasks, tmp_path / "a", concurrency=1), base_url=stub.url, model="stub")
+    assert stub.seeds == [None, None]
+    await evaluate(
+        config(tasks, tmp_path / "b", concurrency=1, seed=7), base_url=stub.url, model="stub"
+    )
+    assert stub.seeds[2:] == [7, 8]

@@ -37,13 +37,14 @@ async def run_sample(
     """Play one episode of ``task`` and return its results row; never raises for a failed
     request or env error (the row's ``error`` says what happened)."""
     task_id = str(task["id"])
-    seed = config.seed + sample_index
-    sampling = {
+    seed = (config.seed or 0) + sample_index  # the env's reset seed either way
+    sampling: dict[str, Any] = {
         "temperature": config.temperature,
         "top_p": config.top_p,
         "max_tokens": config.max_tokens,
-        "seed": seed,
     }
+    if config.seed is not None:
+        sampling["seed"] = seed
     row: dict[str, Any] = {
         "task_id": task_id,
         "sample_index": sample_index,
