@@ -4,7 +4,12 @@ which would shadow the OpenAI Agents SDK)."""
 
 from setuptools import find_packages, setup
 
-ROOTS = {"vime": "vime", "vime.envs": "envs", "vime.agents": "agents", "vime.sandboxes": "sandboxes"}
+ROOTS = {
+    "vime": "vime",
+    "vime.envs": "envs",
+    "vime.agents": "agents",
+    "vime.sandboxes": "sandboxes",
+}
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}
