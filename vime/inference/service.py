@@ -29,7 +29,10 @@ from vime.inference.weights import UpdateReport, WeightUpdater
 log = logging.getLogger(__name__)
 
 # An engine whose process lives but whose /health fails this many checks in a row is hung.
-UNHEALTHY_CHECKS = 5
+# A CPU engine saturated by generation can answer /health slowly for a while; restarting it
+# then loses its requests for nothing, so the bar is minutes, not seconds.
+UNHEALTHY_CHECKS = 30
+HEALTH_TIMEOUT_S = 10.0
 # An engine that keeps dying is left out after this many restarts (its log says why).
 MAX_RESTARTS = 5
 
@@ -255,7 +258,7 @@ class InferenceService:
         if engine.index in self._restarting or engine.given_up or self._stop.is_set():
             return
         if engine.process.alive():
-            if http_ok(f"{engine.url}/health", timeout=5.0):
+            if http_ok(f"{engine.url}/health", timeout=HEALTH_TIMEOUT_S):
                 engine.failed_checks = 0
                 return
             engine.failed_checks += 1
