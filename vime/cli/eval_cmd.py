@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"vime: starting engines for {serve.model} (logs in {service.log_dir})", file=sys.stderr
         )
-        with service.start():
+        with service:
             summary = asyncio.run(
                 evaluate(
                     config, base_url=service.base_url, model=service.model_name, prepared=prepared

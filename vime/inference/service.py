@@ -118,7 +118,9 @@ class InferenceService:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> InferenceService:
-        """Start engines and router; return once the router answers."""
+        """Start engines and router; return once the router answers. Idempotent."""
+        if self.engines:  # `with service.start():` enters after start(): start only once
+            return self
         cfg = self.config
         for i in range(cfg.rollout_num_engines):
             port = free_port(cfg.engine_host)
