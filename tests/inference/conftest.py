@@ -23,6 +23,7 @@ class Served:
     service: object  # vime.inference.service.InferenceService
     model_dir: Path
     other_weights: Path  # seed-1 weights of the same architecture, in /dev/shm
+    other_model_dir: Path  # the same seed-1 weights as an HF folder, for reference logprobs
     tokenizer: object
 
 
@@ -34,12 +35,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
     from vime.inference.config import ServeConfig
     from vime.inference.service import InferenceService
-    from vime.inference.weights import bucket_tensors, remove_weights, write_weights
+    from vime.inference.weights import remove_weights, write_weights
     from vime.models.tiny import build_tiny_model
+    from vime.training.buckets import bucket_tensors
 
     root = tmp_path_factory.mktemp("served")
     model_dir = build_tiny_model(root / "tiny", seed=0)
-    other = load_file(str(build_tiny_model(root / "tiny-seed1", seed=1) / "model.safetensors"))
+    other_dir = build_tiny_model(root / "tiny-seed1", seed=1)
+    other = load_file(str(other_dir / "model.safetensors"))
     other_weights = write_weights(bucket_tensors(sorted(other.items()), bucket_bytes=4 * 2**20))
     config = ServeConfig(
         model=str(model_dir),
@@ -55,7 +58,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         remove_weights(other_weights)
         raise
     try:
-        yield Served(service, model_dir, other_weights, AutoTokenizer.from_pretrained(model_dir))
+        yield Served(
+            service, model_dir, other_weights, other_dir, AutoTokenizer.from_pretrained(model_dir)
+        )
     finally:
         pids = [e.process.pid for e in service.engines] + [service.router.pid]
         service.stop()

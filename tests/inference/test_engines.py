@@ -107,6 +107,23 @@ async def test_weight_update_changes_greedy_output_and_bumps_the_version(served)
         async with _client(served, url + "/v1") as direct:
             r = await direct.chat(HELLO, sampling=GREEDY)
         assert r.weight_version == 1 and r.completion_ids == after[0].completion_ids
+    # The engines compute with exactly the new weights: their logprobs are the HF model's.
+    # (On CPU a tied lm_head once kept a stale prepacked copy while its embedding changed.)
+    expected = _hf_logprobs(served.other_model_dir, after[0].prompt_ids, after[0].completion_ids)
+    diff = max(abs(a - b) for a, b in zip(after[0].logprobs, expected, strict=True))
+    assert diff < 1e-3, f"engine logprobs differ from the pushed weights' by {diff}"
+
+
+def _hf_logprobs(model_dir, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0, :-1].float().log_softmax(-1)
+    picked = logprobs.gather(1, ids[0, 1:, None])[:, 0]
+    return picked[len(prompt_ids) - 1 :].tolist()
 
 
 async def _outcome(client: VimeClient, i: int) -> tuple[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def _iter_folder(folder: Path, counts: dict[str, int]) -> Iterator[tuple[str, object]]:
@@ -27,6 +28,20 @@ def _iter_folder(folder: Path, counts: dict[str, int]) -> Iterator[tuple[str, ob
                 yield name, tensor
 
 
+def _tied_modules(model: Any) -> list[Any]:
+    """Modules with a quant method whose ``weight`` shares storage with another such module."""
+    import torch
+
+    owners: dict[int, list[Any]] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if getattr(module, "quant_method", None) is None or not isinstance(weight, torch.Tensor):
+            continue
+        if weight.numel() and not weight.is_meta:
+            owners.setdefault(weight.untyped_storage().data_ptr(), []).append(module)
+    return [module for group in owners.values() if len(group) > 1 for module in group]
+
+
 class VimeWorkerExtension:
     """Methods mixed into each vLLM worker; called as ``collective_rpc("vime_...")``."""
 
@@ -37,9 +52,15 @@ class VimeWorkerExtension:
         Returns how many tensors and bytes were read.
         """
         counts = {"tensors": 0, "bytes": 0}
+        tied = _tied_modules(self.model_runner.get_model())  # type: ignore[attr-defined]
         self.model_runner.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=_iter_folder(Path(folder), counts), is_checkpoint_format=True
         )
+        for module in tied:
+            # A module whose weight is tied to another's (lm_head = embed_tokens) receives no
+            # tensor of its own, so vLLM's layerwise reload never re-processes it: on CPU its
+            # prepacked GEMM copy kept the old weights while the shared parameter changed.
+            module.quant_method.process_weights_after_loading(module)
         return counts
 
     def vime_weight_checksum(self) -> float:
