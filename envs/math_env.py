@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,13 @@ SYSTEM_PROMPT = "Solve the problem. Put your final answer in \\boxed{}."
 MAX_GRADED_CHARS = 4000
 
 
-def grade(response: str, gold: str) -> tuple[bool, str]:
-    """Whether ``response``'s final answer equals ``gold`` (math-verify), and that answer."""
+def grade(response: str, gold: str, question: str | None = None) -> tuple[bool, str]:
+    """Whether ``response``'s final answer equals ``gold`` (math-verify), and that answer.
+
+    With ``question``, an answer that only restates one of the question's expressions
+    ("1 + 6" for "What is 1 + 6?") is wrong: math-verify would evaluate it to the gold value,
+    and a policy learns to echo the question instead of solving it.
+    """
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # the "timeout disabled" notice
@@ -30,7 +36,23 @@ def grade(response: str, gold: str) -> tuple[bool, str]:
     extracted = str(predicted[-1]) if predicted else ""
     if not gold_parsed or not predicted:
         return False, extracted
+    if question is not None and restates_question(extracted, question, gold):
+        return False, extracted
     return bool(verify(gold_parsed, predicted, timeout_seconds=None)), extracted
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def restates_question(extracted: str, question: str, gold: str) -> bool:
+    """Whether ``extracted`` is an expression copied from ``question`` rather than a value.
+
+    Plain numbers and the gold answer itself never count as restatements.
+    """
+    answer = "".join(extracted.split())
+    if not answer or answer == "".join(gold.split()) or _NUMBER.fullmatch(answer):
+        return False
+    return answer in "".join(question.split())
 
 
 class MathEnv(Env):
@@ -100,7 +122,7 @@ class MathEnv(Env):
             raise EnvError("call reset() before step()")
         content = self.parse_action(action).get("content") or ""
         text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
-        correct, extracted = grade(text, str(self.task["answer"]))
+        correct, extracted = grade(text, str(self.task["answer"]), str(self.task["question"]))
         info = {
             "correct": float(correct),
             "extracted_answer": extracted,

@@ -138,3 +138,26 @@ async def test_grading_works_in_the_env_thread_pool():
 def test_step_before_reset_is_an_error():
     with pytest.raises(EnvError, match="call reset\\(\\) before step\\(\\)"):
         vime.make("vime/Math-v0").step("1")
+
+
+SUM = {"id": "sum", "question": "What is 1 + 6?", "answer": "7"}
+
+
+@pytest.mark.parametrize(
+    "reply", ["1 + 6 = x", "1 + 6 is a classic problem", "\\boxed{1+6}", "so it is 1+6"]
+)
+def test_restating_the_question_scores_zero(reply):
+    # math-verify alone evaluates "1 + 6" to 7: echoing the question would earn full reward.
+    _, reward, _, _, info = answer(vime.make("vime/Math-v0"), reply, task=SUM)
+    assert reward == 0.0 and info["correct"] == 0.0
+    assert info["extracted_answer"].replace(" ", "") == "1+6"
+
+
+@pytest.mark.parametrize("reply", ["1 + 6 = 7", "\\boxed{7}", "It is 7.", "6 + 1 = 7"])
+def test_answers_that_compute_the_value_still_score_one(reply):
+    assert answer(vime.make("vime/Math-v0"), reply, task=SUM)[1] == 1.0
+
+
+def test_gold_answer_that_appears_in_the_question_is_not_a_restatement():
+    task = {"id": "same", "question": "Simplify 1/2 + 0 to 1/2.", "answer": "1/2"}
+    assert answer(vime.make("vime/Math-v0"), "\\boxed{1/2}", task=task)[1] == 1.0
