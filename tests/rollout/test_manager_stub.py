@@ -112,7 +112,10 @@ async def test_abort_returns_running_episodes_as_aborted(make_manager, stub):
     stub.delay = 0.2
     manager = make_manager(n=2)
     running = asyncio.ensure_future(manager.generate(TASKS, SAMPLING))
-    await asyncio.sleep(0.3)
+    # Abort once every episode is mid-request (a fixed sleep raced a loaded machine).
+    async with asyncio.timeout(10):
+        while stub.in_flight < 6:
+            await asyncio.sleep(0.01)
     manager.abort()
     batch = await asyncio.wait_for(running, 5)
 
