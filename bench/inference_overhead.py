@@ -76,8 +76,9 @@ def main() -> None:
 
     from vime.inference.config import ServeConfig
     from vime.inference.service import InferenceService
-    from vime.inference.weights import bucket_tensors, remove_weights, write_weights
+    from vime.inference.weights import remove_weights, write_weights
     from vime.models.smollm2 import smollm2_path
+    from vime.training.buckets import bucket_tensors
 
     model_dir = Path(args.model) if args.model else smollm2_path(progress=True)
     config = ServeConfig(

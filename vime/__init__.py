@@ -6,8 +6,7 @@ vllm or ray.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vime.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -27,9 +26,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vime' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY, globals())

@@ -72,18 +72,14 @@ def renderer(tokenizer) -> ChatTemplateRenderer:
 
 @pytest.fixture
 async def stub(tokenizer):
-    server = StubServer(tokenizer, counting_tool_policy(turns=5))
-    server.record_requests = True
-    await server.start()
-    yield server
-    await server.stop()
+    async with StubServer(tokenizer, counting_tool_policy(turns=5), record_requests=True) as s:
+        yield s
 
 
 @pytest.fixture
 async def client(stub):
-    engine = EngineClient(stub.url, model="stub")
-    yield engine
-    await engine.aclose()
+    async with EngineClient(stub.url, model="stub") as engine:
+        yield engine
 
 
 @pytest.fixture

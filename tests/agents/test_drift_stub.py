@@ -36,20 +36,17 @@ class TurnCountingTokenizer(ByteTokenizer):
 
 @pytest.fixture
 async def drifting_stub():
-    server = StubServer(CompactingTokenizer(), counting_tool_policy(turns=5))
-    server.record_requests = True
-    await server.start()
-    yield server
-    await server.stop()
+    tokenizer = CompactingTokenizer()
+    async with StubServer(tokenizer, counting_tool_policy(turns=5), record_requests=True) as s:
+        yield s
 
 
 @pytest.fixture
 async def drifting_client(drifting_stub):
     from vime.rollout.engine_client import EngineClient
 
-    engine = EngineClient(drifting_stub.url, model="stub")
-    yield engine
-    await engine.aclose()
+    async with EngineClient(drifting_stub.url, model="stub") as engine:
+        yield engine
 
 
 def engine_prompt(stub: StubServer, request: dict) -> list[int]:

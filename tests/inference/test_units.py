@@ -18,7 +18,8 @@ from vime.inference.config import ServeConfig
 from vime.inference.engines import engine_argv, engine_env, served_model_name
 from vime.inference.errors import ContextTooLong, InferenceError, RequestAborted
 from vime.inference.router import router_argv
-from vime.inference.weights import WeightUpdater, bucket_tensors, write_weights
+from vime.inference.weights import WeightUpdater, write_weights
+from vime.training.buckets import bucket_tensors
 
 
 def _serve_config(argv: list[str]) -> ServeConfig:

@@ -54,17 +54,14 @@ class FaultyCountingEnv(vime.ToolEnv):
 
 @pytest.fixture
 async def stub():
-    server = StubServer(ByteTokenizer(), counting_tool_policy(turns=3))
-    await server.start()
-    yield server
-    await server.stop()
+    async with StubServer(ByteTokenizer(), counting_tool_policy(turns=3)) as server:
+        yield server
 
 
 @pytest.fixture
 async def client(stub):
-    engine = EngineClient(stub.url, model="stub")
-    yield engine
-    await engine.aclose()
+    async with EngineClient(stub.url, model="stub") as engine:
+        yield engine
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ Names load lazily so that importing :class:`LossConfig` (for flags) does not imp
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vime.lazy import lazy_exports
 
 _LAZY = {
     "LossConfig": "vime.algorithms.config",
@@ -40,9 +39,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vime.algorithms' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY, globals())

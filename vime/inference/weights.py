@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     import torch
 
 SHM_ROOT = Path("/dev/shm")
-DEFAULT_BUCKET_BYTES = 512 * 2**20
 
 
 def weights_root() -> Path:
@@ -38,33 +37,13 @@ def weights_root() -> Path:
     return Path(root or tempfile.gettempdir()) / "vime-weights"
 
 
-def bucket_tensors(
-    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
-) -> Iterable[list[tuple[str, torch.Tensor]]]:
-    """Group ``(name, tensor)`` pairs into lists of at most ``bucket_bytes`` (one big tensor
-    gets a bucket of its own); order is kept."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
 def write_weights(
     buckets: Iterable[list[tuple[str, torch.Tensor]]],
     folder: str | Path | None = None,
 ) -> Path:
     """Write each bucket as one safetensors file in a new folder (default under /dev/shm).
 
-    Accepts the output of ``Trainer.export_weights()`` or of :func:`bucket_tensors`.
+    Accepts the output of ``Trainer.export_weights()`` or of :func:`vime.training.buckets.bucket_tensors`.
     The folder appears complete or not at all; delete it with :func:`remove_weights`.
     """
     from safetensors.torch import save_file

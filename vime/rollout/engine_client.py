@@ -69,6 +69,12 @@ class EngineClient:
             await self._http.close()
             self._http = None
 
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     async def _post(self, path: str, body: dict, session_id: str | None) -> dict:
         # aiohttp rather than httpx: httpcore's pool costs O(connections) per request, which
         # dominated the rollout loop at hundreds of concurrent episodes.

@@ -141,6 +141,7 @@ class StubServer:
         weight_version: int = 0,
         delay: float | Callable[[str], float] = 0.0,
         parse_tool_calls: bool = False,
+        record_requests: bool = False,
     ) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
         self.policy = policy or counting_tool_policy()
@@ -149,7 +150,7 @@ class StubServer:
         self.delay = delay
         self.parse_tool_calls = parse_tool_calls
         self.requests: list[dict] = []
-        self.record_requests = False
+        self.record_requests = record_requests
         self.in_flight = 0
         self.max_in_flight = 0
         self.url = ""
@@ -196,7 +197,6 @@ class StubServer:
         return ids, text, finish
 
     async def _chat(self, request: Any) -> Any:
-        from aiohttp import web
 
         body = await request.json()
         if self.record_requests:
@@ -218,34 +218,17 @@ class StubServer:
             }
             for i, t in enumerate(ids)
         ]
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{len(self.requests)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": self.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": self._message(reply),
-                        "logprobs": {"content": logprobs},
-                        "finish_reason": finish,
-                        "token_ids": ids,
-                    }
-                ],
-                "prompt_token_ids": prompt_ids,
-                "usage": {
-                    "prompt_tokens": start,
-                    "completion_tokens": len(ids),
-                    "total_tokens": start + len(ids),
-                },
-                "weight_version": version,
-            },
-            headers={"x-vime-weight-version": str(version)},
+        choice = {
+            "message": self._message(reply),
+            "logprobs": {"content": logprobs},
+            "finish_reason": finish,
+            "token_ids": ids,
+        }
+        return self._openai_response(
+            "chat.completion", choice, prompt_ids, ids, version, prompt_token_ids=prompt_ids
         )
 
     async def _completions(self, request: Any) -> Any:
-        from aiohttp import web
 
         body = await request.json()
         if self.record_requests:
@@ -257,38 +240,48 @@ class StubServer:
             await self._wait(self.tokenizer.decode(prompt_ids))
         ids, reply, finish = self._complete(prompt_ids, body.get("max_tokens"))
         start = len(prompt_ids)
-        return web.json_response(
-            {
-                "id": f"cmpl-{len(self.requests)}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": self.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": reply,
-                        "logprobs": {
-                            "tokens": [f"token_id:{t}" for t in ids],
-                            "token_logprobs": [
-                                stub_logprob(t, start + i) for i, t in enumerate(ids)
-                            ],
-                            "top_logprobs": None,
-                            "text_offset": [],
-                        },
-                        "finish_reason": finish,
-                        "token_ids": ids,
-                        "prompt_token_ids": prompt_ids,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": start,
-                    "completion_tokens": len(ids),
-                    "total_tokens": start + len(ids),
-                },
-                "weight_version": version,
+        choice = {
+            "text": reply,
+            "logprobs": {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": [stub_logprob(t, start + i) for i, t in enumerate(ids)],
+                "top_logprobs": None,
+                "text_offset": [],
             },
-            headers={"x-vime-weight-version": str(version)},
-        )
+            "finish_reason": finish,
+            "token_ids": ids,
+            "prompt_token_ids": prompt_ids,
+        }
+        return self._openai_response("text_completion", choice, prompt_ids, ids, version)
+
+    def _openai_response(
+        self,
+        kind: str,
+        choice: dict[str, Any],
+        prompt_ids: list[int],
+        ids: list[int],
+        version: int,
+        **extra: Any,
+    ) -> Any:
+        """The OpenAI envelope (id, usage, weight version header) around one choice."""
+        from aiohttp import web
+
+        prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+        body = {
+            "id": f"{prefix}-{len(self.requests)}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [{"index": 0, **choice}],
+            **extra,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt_ids) + len(ids),
+            },
+            "weight_version": version,
+        }
+        return web.json_response(body, headers={"x-vime-weight-version": str(version)})
 
     async def _generate(self, request: Any) -> Any:
         """vLLM's token-in ``/inference/v1/generate``."""
@@ -351,6 +344,13 @@ class StubServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def __aenter__(self) -> StubServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Literal
 
 from vime.config.schema import option
 from vime.errors import ConfigError
+from vime.training.buckets import DEFAULT_BUCKET_BYTES
 
 if TYPE_CHECKING:
     import torch
 
     from vime.training.batch import TrainBatch
-
-DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 
 
 @dataclass

@@ -11,13 +11,14 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from vime.errors import VimeError
 
 MANIFEST = "vime_checkpoint.json"
+TRAINER_STATE = "trainer_state.json"
 FORMAT_VERSION = 1
 
 
@@ -96,6 +97,58 @@ def atomic_checkpoint(target: str | Path, meta: dict[str, Any]) -> Iterator[Path
         abort(target)
         raise
     commit(tmp, target)
+
+
+def save_distributed(
+    target: str | Path,
+    *,
+    rank: int,
+    barrier: Callable[[], None],
+    write_rank: Callable[[Path], None],
+    write_main: Callable[[Path], None] | None = None,
+    trainer_state: dict[str, Any],
+    backend: str,
+) -> Path:
+    """Atomic checkpoint written by every rank of a trainer; all ranks must call it.
+
+    Each rank writes its own files with ``write_rank(tmp)``; then rank 0 writes the shared
+    ones (``write_main``, if any), ``trainer_state.json`` and the manifest, and commits. A failure on
+    rank 0 leaves the previous checkpoint untouched.
+    """
+    target = Path(target).absolute()
+    if rank == 0:
+        prepare_temp_dir(target)
+    barrier()
+    tmp = temp_dir_for(target)
+    write_rank(tmp)
+    barrier()
+    if rank == 0:
+        try:
+            if write_main is not None:
+                write_main(tmp)
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+            write_manifest(tmp, {"backend": backend})
+        except BaseException:
+            abort(target)
+            raise
+        commit(tmp, target)
+    barrier()
+    return target
+
+
+def read_trainer_state(directory: str | Path, backend: str) -> dict[str, Any]:
+    """Validate a checkpoint written by ``backend`` and return its ``trainer_state.json``."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest.get("backend") != backend:
+        raise CheckpointError(
+            f"{str(directory)!r} was written by the {manifest.get('backend')!r} backend; "
+            f"the {backend} backend cannot load it"
+        )
+    try:
+        return json.loads((directory / TRAINER_STATE).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {TRAINER_STATE}: {exc}") from None
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -17,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vime.training import checkpoint as ckpt
-from vime.training.base import DEFAULT_BUCKET_BYTES, Trainer, TrainerConfig
+from vime.training.base import Trainer, TrainerConfig
 from vime.training.batch import TrainBatch, TrainSample
+from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from vime.training.metrics import MetricSums
 from vime.training.packing import MicroBatch, PackedInputs, pack_inputs, plan_micro_batches
 
@@ -320,23 +320,14 @@ class TorchTrainer(Trainer):
         In one process the tensors alias the live parameters: copy them to keep them past
         the next ``train_step``.
         """
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
+        yield from bucket_tensors(self._rank0_full_weights(), bucket_bytes)
+
+    def _rank0_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # Every rank gathers (full_tensor is a collective); only rank 0 keeps the result.
         for name, tensor in self._named_weights():
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            if self.rank != 0:
-                continue
-            full = full.detach()
-            nbytes = full.numel() * full.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, full))
-            size += nbytes
-        if bucket:
-            yield bucket
+            if self.rank == 0:
+                yield name, full.detach()
 
     # ---- checkpoints -----------------------------------------------------------------------
 
@@ -350,49 +341,42 @@ class TorchTrainer(Trainer):
         """Atomic checkpoint: full model and optimizer state (rank 0), RNG state per rank."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        target = Path(directory).absolute()
-        if self.rank == 0:
-            ckpt.prepare_temp_dir(target)
-        self._barrier()
-        tmp = ckpt.temp_dir_for(target)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
-        ckpt.save_object(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
-        self._barrier()
-        if self.rank == 0:
-            try:
-                ckpt.save_object(model_state, tmp / "model.pt")
-                ckpt.save_object(optim_state, tmp / "optimizer.pt")
-                state = {
-                    "weight_version": self._weight_version,
-                    "schedule": self.schedule.state_dict(),
-                    "world_size": self.world_size,
-                    "hf_checkpoint": self.config.hf_checkpoint,
-                }
-                (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-                ckpt.write_manifest(tmp, {"backend": "torch"})
-            except BaseException:
-                ckpt.abort(target)
-                raise
-            ckpt.commit(tmp, target)
-        self._barrier()
-        return target
+        gathered: dict[str, Any] = {}
+
+        def write_rank(tmp: Path) -> None:
+            # Gathering the full state is a collective: every rank takes part.
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            gathered["model"], gathered["optimizer"] = get_state_dict(
+                self.model, self.optimizer, options=options
+            )
+            ckpt.save_object(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
+
+        def write_main(tmp: Path) -> None:
+            ckpt.save_object(gathered["model"], tmp / "model.pt")
+            ckpt.save_object(gathered["optimizer"], tmp / "optimizer.pt")
+
+        state = {
+            "weight_version": self._weight_version,
+            "schedule": self.schedule.state_dict(),
+            "world_size": self.world_size,
+            "hf_checkpoint": self.config.hf_checkpoint,
+        }
+        return ckpt.save_distributed(
+            directory,
+            rank=self.rank,
+            barrier=self._barrier,
+            write_rank=write_rank,
+            write_main=write_main,
+            trainer_state=state,
+            backend="torch",
+        )
 
     def load(self, directory: str | Path) -> None:
         """Restore a checkpoint written by :meth:`save` (any world size)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         directory = Path(directory)
-        manifest = ckpt.read_manifest(directory)
-        if manifest.get("backend") != "torch":
-            raise ckpt.CheckpointError(
-                f"{str(directory)!r} was written by the {manifest.get('backend')!r} backend; "
-                "the torch backend cannot load it"
-            )
-        try:
-            state = json.loads((directory / "trainer_state.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ckpt.CheckpointError(f"cannot read trainer_state.json: {exc}") from None
+        state = ckpt.read_trainer_state(directory, "torch")
         if self.distributed:
             # Only rank 0 reads the full tensors; FSDP2 broadcasts and shards them.
             model_state = ckpt.load_object(directory / "model.pt") if self.rank == 0 else {}

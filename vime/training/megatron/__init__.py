@@ -5,8 +5,7 @@ Names load lazily so that ``import vime.training.megatron`` imports neither torc
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vime.lazy import lazy_exports
 
 _LAZY = {
     "MegatronTrainer": "vime.training.megatron.trainer",
@@ -20,9 +19,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vime.training.megatron' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY, globals())

@@ -10,7 +10,6 @@ and data parallelism give exactly the gradient of one big batch.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,8 +21,9 @@ import torch.nn.functional as F
 
 from vime.errors import ConfigError
 from vime.training import checkpoint as ckpt
-from vime.training.base import DEFAULT_BUCKET_BYTES, Trainer, TrainerConfig
+from vime.training.base import Trainer, TrainerConfig
 from vime.training.batch import TrainBatch, TrainSample
+from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from vime.training.megatron.arch import GPTArch, arch_from_hf_config
 from vime.training.megatron.config import MegatronConfig, Role, parse_megatron_args
 from vime.training.megatron.convert import hf_to_megatron, shard, to_hf, tp_split_dim, unshard
@@ -424,22 +424,13 @@ class MegatronTrainer(Trainer):
         Tensors stay on the trainer's device; unsplit ones alias the live parameters, so copy
         them to keep them past the next ``train_step``.
         """
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
+        yield from bucket_tensors(self._rank0_hf_weights(), bucket_bytes)
+
+    def _rank0_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # Every rank takes part in gathering TP shards; only rank 0 keeps the result.
         for name, full in self._full_weights():
-            if self.rank != 0:
-                continue
-            for hf_name, tensor in to_hf(name, full, self.arch):
-                nbytes = tensor.numel() * tensor.element_size()
-                if bucket and size + nbytes > bucket_bytes:
-                    yield bucket
-                    bucket, size = [], 0
-                bucket.append((hf_name, tensor))
-                size += nbytes
-        if bucket:
-            yield bucket
+            if self.rank == 0:
+                yield from to_hf(name, full, self.arch)
 
     # ---- checkpoints -----------------------------------------------------------------------
 
@@ -473,44 +464,28 @@ class MegatronTrainer(Trainer):
 
         It loads back only into the same layout (processes, TP size, optimizer kind).
         """
-        target = Path(directory).absolute()
-        if self.rank == 0:
-            ckpt.prepare_temp_dir(target)
-        dist.barrier()
-        tmp = ckpt.temp_dir_for(target)
-        ckpt.save_object(self._rank_state(), tmp / f"rank{self.rank}.pt")
-        dist.barrier()
-        if self.rank == 0:
-            try:
-                state = {
-                    "weight_version": self._weight_version,
-                    "schedule": None if self.schedule is None else self.schedule.state_dict(),
-                    "layout": self._layout(),
-                    "role": self.role,
-                    "hf_checkpoint": self.config.hf_checkpoint,
-                }
-                (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-                ckpt.write_manifest(tmp, {"backend": "megatron"})
-            except BaseException:
-                ckpt.abort(target)
-                raise
-            ckpt.commit(tmp, target)
-        dist.barrier()
-        return target
+        state = {
+            "weight_version": self._weight_version,
+            "schedule": None if self.schedule is None else self.schedule.state_dict(),
+            "layout": self._layout(),
+            "role": self.role,
+            "hf_checkpoint": self.config.hf_checkpoint,
+        }
+        return ckpt.save_distributed(
+            directory,
+            rank=self.rank,
+            barrier=dist.barrier,
+            write_rank=lambda tmp: ckpt.save_object(
+                self._rank_state(), tmp / f"rank{self.rank}.pt"
+            ),
+            trainer_state=state,
+            backend="megatron",
+        )
 
     def load(self, directory: str | Path) -> None:
         """Restore a checkpoint written by :meth:`save` with the same layout."""
         directory = Path(directory)
-        manifest = ckpt.read_manifest(directory)
-        if manifest.get("backend") != "megatron":
-            raise ckpt.CheckpointError(
-                f"{str(directory)!r} was written by the {manifest.get('backend')!r} backend; "
-                "the megatron backend cannot load it"
-            )
-        try:
-            state = json.loads((directory / "trainer_state.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ckpt.CheckpointError(f"cannot read trainer_state.json: {exc}") from None
+        state = ckpt.read_trainer_state(directory, "megatron")
         if state["layout"] != self._layout():
             raise ckpt.CheckpointError(
                 f"checkpoint layout {state['layout']} differs from this trainer's "
