@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vime.inference.errors import EngineStartError
-from vime.inference.processes import ManagedProcess, free_port
+from vime.inference.processes import ManagedProcess, free_port, port_free
 
 
 def _alive(pid: int) -> bool:
@@ -39,6 +39,40 @@ def test_stop_kills_the_whole_process_group_including_grandchildren(tmp_path: Pa
     while _alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(grandchild)
+
+
+def test_stop_kills_a_grandchild_that_left_the_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "escaped.pid"
+    proc = ManagedProcess(
+        "escaper",
+        ["bash", "-c", f"setsid sleep 300 & echo $! > {pidfile}; sleep 300"],
+        log_path=tmp_path / "log",
+    )
+    proc.start()
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    escaped = int(pidfile.read_text())
+    while os.getpgid(escaped) == proc.pid:  # until setsid ran: a group kill would miss it now
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.stop(grace=0.5)
+    deadline = time.monotonic() + 5
+    while _alive(escaped) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(escaped)
+
+
+def test_port_free_tells_a_listening_port_from_a_free_one() -> None:
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert not port_free("127.0.0.1", port)
+    assert port_free("127.0.0.1", port)
 
 
 def test_a_process_that_exits_while_starting_reports_its_log_tail(tmp_path: Path) -> None:

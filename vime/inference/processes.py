@@ -19,6 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from vime.inference.errors import EngineStartError
 
@@ -98,6 +99,9 @@ class ManagedProcess:
         if popen is None:
             return
         pgid = popen.pid  # start_new_session makes the child its group's leader
+        # Children that left the group (a new session of their own) are found by ancestry,
+        # listed before the leader dies and re-parents them.
+        tree = _descendants(popen.pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
         try:
@@ -107,6 +111,9 @@ class ManagedProcess:
         # The leader may be gone while vLLM's engine core or workers linger in the group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
+        for child in tree:
+            with contextlib.suppress(Exception):
+                child.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             popen.wait(timeout=5)
         _LIVE.discard(self)
@@ -136,6 +143,28 @@ class ManagedProcess:
             f"{self.name} was not {what} after {timeout:.0f} s. Raise the timeout or check "
             f"the log {self.log_path}; last lines:\n{self.log_tail()}"
         )
+
+
+def _descendants(pid: int) -> list[Any]:
+    """Every live descendant of ``pid`` (psutil processes); empty if it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound now (nothing listens there)."""
+    with socket.socket() as sock:
+        # Servers set SO_REUSEADDR, so connections in TIME_WAIT do not block them; nor here.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:

@@ -23,7 +23,7 @@ from vime.inference import router as router_mod
 from vime.inference.config import ServeConfig
 from vime.inference.engines import engine_argv, engine_env, served_model_name
 from vime.inference.errors import InferenceError
-from vime.inference.processes import ManagedProcess, free_port, http_ok
+from vime.inference.processes import ManagedProcess, free_port, http_ok, port_free
 from vime.inference.weights import UpdateReport, WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ UNHEALTHY_CHECKS = 30
 HEALTH_TIMEOUT_S = 10.0
 # An engine that keeps dying is left out after this many restarts (its log says why).
 MAX_RESTARTS = 5
+# How long a restarted router waits for its old port to be released.
+ROUTER_PORT_WAIT_S = 30.0
 
 
 @dataclass
@@ -55,7 +57,7 @@ class ServiceEvent:
     """Something the supervisor noticed or did (for logs, metrics and tests)."""
 
     time: float
-    kind: str  # engine_died | engine_restarted | engine_restart_failed | router_restarted
+    kind: str  # engine_died|_given_up|_restarted|_restart_failed, router_died|_restarted|_restart_failed
     detail: str
 
 
@@ -253,6 +255,15 @@ class InferenceService:
         if self.router is None or self.router.alive() or self._stop.is_set():
             return
         self._event("router_died", f"exit code {self.router.returncode()}")
+        # Reap anything of the old router still holding its port, then wait for the port:
+        # the restart must reuse the address every client already has.
+        self.router.stop(grace=2.0)
+        deadline = time.monotonic() + ROUTER_PORT_WAIT_S
+        while not port_free(self.config.vllm_router_ip, self.router_port):
+            if time.monotonic() > deadline:
+                self._event("router_restart_failed", f"port {self.router_port} stays in use")
+                return
+            time.sleep(0.5)
         self._start_router()
         self._event("router_restarted", self.router_url)
 
