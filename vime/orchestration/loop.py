@@ -33,20 +33,6 @@ from vime.types import Status, Trajectory
 
 log = logging.getLogger(__name__)
 
-SUMMARY_KEYS = [
-    "rollout/reward_mean",
-    "rollout/accuracy",
-    "rollout/response_len_mean",
-    "train/loss",
-    "train/grad_norm",
-    "mismatch/abs_diff_mean",
-    "eval/mean_reward",
-    "eval/pass@1",
-    "time/rollout_s",
-    "time/train_s",
-    "time/sync_s",
-]
-
 
 class RLLoop:
     """One training run over a started :class:`Cluster`."""

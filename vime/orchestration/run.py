@@ -11,11 +11,12 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.orchestration.cluster import Cluster, detect_device
-from vime.orchestration.loop import SUMMARY_KEYS, RLLoop
-from vime.orchestration.metrics_log import MetricsLogger, summary_table
+from vime.orchestration.loop import RLLoop
+from vime.orchestration.metrics_log import MetricsLogger
 from vime.orchestration.placement import plan_placement
 from vime.orchestration.ray_cluster import RayConfig, ray_cluster
 from vime.orchestration.setup import TrainSetup
+from vime.orchestration.summary import run_summary
 from vime.orchestration.tasks import eval_tasks_for, train_tasks_for
 
 log = logging.getLogger(__name__)
@@ -134,27 +135,9 @@ def run_training(setup: TrainSetup) -> dict[str, Any]:
             cluster.stop()
             logger.close()
     history = logger.history
-    summary = _summary(history, out, logger)
+    summary = run_summary(history, out, logger.tensorboard_dir)
     print(summary["text"], flush=True)
     return summary
-
-
-def _summary(history: list[dict[str, float]], out: Path, logger: MetricsLogger) -> dict[str, Any]:
-    rewards = [h["rollout/reward_mean"] for h in history if "rollout/reward_mean" in h]
-    text = [summary_table(history, SUMMARY_KEYS)]
-    if rewards:
-        text.append(f"reward: {rewards[0]:.3f} at the first step -> {rewards[-1]:.3f} at the last")
-    text.append(
-        f"TensorBoard logs: {logger.tensorboard_dir}  (tensorboard --logdir {logger.tensorboard_dir})"
-    )
-    text.append(f"trajectory dumps: {out / 'trajectories'}")
-    text.append(f"checkpoints: {out / 'checkpoints'}; exported HF model: {out / 'exports'}")
-    return {
-        "text": "\n".join(text),
-        "reward_first": rewards[0] if rewards else None,
-        "reward_last": rewards[-1] if rewards else None,
-        "history": history,
-    }
 
 
 def _config_dict(setup: TrainSetup) -> dict[str, Any]:
