@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -114,12 +115,26 @@ class RLLoop:
     async def rollout(self) -> tuple[list[list[Trajectory]], dict[str, float], int]:
         """Play one step's tasks; returns groups, metrics and the stream position before."""
         start_position = self.stream.position
+        wanted = self.run.rollout_batch_size
+        # With --over-sampling the extra tasks give --group-filter groups to choose from; all
+        # taken tasks count as consumed, so a resume never replays one.
+        budget = math.ceil(wanted * self.setup.rollout.over_sampling)
         tasks = []
-        for sample_id, task in self.stream.take(self.run.rollout_batch_size):
+        for sample_id, task in self.stream.take(budget):
             tasks.append({**task, "id": sample_id, "source_id": task.get("id")})
         t = time.perf_counter()
-        batch = await self.manager.generate(tasks, self.sampling)
+        batch = await self.manager.generate(tasks, self.sampling, num_groups=wanted)
         metrics = {f"rollout/{k}": v for k, v in batch.metrics.items()}
+        # Reward and the other episode metrics cover every finished episode, also those of
+        # groups the filter left out: over the kept groups alone they would flatter the policy.
+        everything = [t for g in batch.groups + batch.dropped for t in g]
+        if everything and all(t.status is Status.FAILED for t in everything):
+            # Every episode failing is a broken setup (env, tools, engine), not bad luck.
+            raise VimeError(
+                f"step {self.state.step + 1}: all {len(everything)} episodes failed; the first "
+                f"error: {everything[0].error}"
+            )
+        metrics.update(rollout_metrics(everything))
         metrics["time/rollout_s"] = time.perf_counter() - t
         return batch.groups, metrics, start_position
 
@@ -133,15 +148,7 @@ class RLLoop:
             current_version=self.state.weight_version,
             max_staleness=max_staleness,
         )
-        metrics = rollout_metrics([t for g in groups for t in g])
-        metrics.update({f"rollout/dropped_{k}": float(v) for k, v in prepared.dropped.items()})
-        everything = [t for g in groups for t in g]
-        if everything and all(t.status is Status.FAILED for t in everything):
-            # Every episode failing is a broken setup (env, tools, engine), not bad luck.
-            raise VimeError(
-                f"step {self.state.step + 1}: all {len(everything)} episodes failed; the first "
-                f"error: {everything[0].error}"
-            )
+        metrics = {f"rollout/dropped_{k}": float(v) for k, v in prepared.dropped.items()}
         if not prepared.trajectories:
             log.warning(
                 "step %d: no trajectory could train (%s); skipping",
@@ -233,7 +240,8 @@ class RLLoop:
         queue: asyncio.Queue = asyncio.Queue()
         if self.buffer:  # rolled out before the checkpoint, not trained yet
             await ahead.acquire()
-            await queue.put((self.buffer, {}, self.state.data_position))
+            flat = [t for g in self.buffer for t in g]
+            await queue.put((self.buffer, rollout_metrics(flat), self.state.data_position))
         self.buffer = []
         positions: list[int] = []
 
