@@ -39,8 +39,9 @@ def test_summary_reports_reward_and_held_out_score_at_start_and_end(tmp_path: Pa
 def test_summary_splits_the_time_between_phases(tmp_path: Path) -> None:
     summary = run_summary(_history(), tmp_path, tmp_path / "tb")
     assert summary["time_s"] == {"rollout": 80.0, "train": 160.0, "sync": 8.0, "eval": 8.0}
-    assert "time per phase: rollout 80s (31%), train 160s (62%), sync 8s (3%), eval 8s (3%)" in (
-        summary["text"]
+    assert (
+        "time per phase: rollout 80s (31%), train 160s (62%), sync 8s (3%), eval 8s (3%)"
+        in (summary["text"])
     )
 
 

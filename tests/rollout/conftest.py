@@ -65,15 +65,20 @@ async def client(stub):
 
 
 @pytest.fixture
+def faulty_env_class() -> type[FaultyCountingEnv]:
+    return FaultyCountingEnv
+
+
+@pytest.fixture
 def make_manager(client):
-    def make(llm_factory=None, **options) -> RolloutManager:
+    def make(llm_factory=None, env_class=FaultyCountingEnv, **options) -> RolloutManager:
         options.setdefault("env_id", "test/Faulty-v0")
         return RolloutManager(
             RolloutConfig(**options),
             llm_factory or (lambda: client),
             AgentConfig(mode="tokens", max_turns=6),
             renderer=ChatTemplateRenderer(ByteTokenizer()),
-            env_factory=lambda env_id: FaultyCountingEnv(),
+            env_factory=lambda env_id: env_class(),
         )
 
     return make

@@ -108,6 +108,26 @@ async def test_dynamic_sampling_oversamples_until_enough_groups_pass(make_manage
     assert batch.metrics["groups_launched"] <= 6
 
 
+async def test_groups_cancelled_while_their_envs_close_do_not_break_the_batch(
+    make_manager, faulty_env_class
+):
+    # Once the batch is full the manager cancels the groups still running; an episode that
+    # is already closing its env must end quietly, not fail the whole generate() call.
+    class SlowClose(faulty_env_class):
+        def close(self):
+            import time
+
+            time.sleep(0.3)
+            super().close()
+
+    tasks = [{"id": str(i), "question": f"Count {i}."} for i in range(6)]
+    manager = make_manager(n=1, over_sampling=6.0, env_class=SlowClose)
+    batch = await manager.generate(tasks, SAMPLING, num_groups=1)
+
+    assert len(batch.groups) == 1 and batch.groups[0][0].status is Status.COMPLETED
+    assert batch.metrics["groups_launched"] == 6
+
+
 async def test_abort_returns_running_episodes_as_aborted(make_manager, stub):
     stub.delay = 0.2
     manager = make_manager(n=2)

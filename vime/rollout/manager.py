@@ -122,6 +122,8 @@ class RolloutManager:
                 break
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
+                if task.cancelled():
+                    continue  # cancelled before any episode could return a trajectory
                 group = task.result()
                 if task in carried:
                     for trajectory in group:
@@ -249,6 +251,10 @@ class RolloutManager:
 
 
 async def _close_quietly(env: Any, timeout: float = 10.0) -> None:
-    """Close an env without letting a stuck or failing ``close`` stall the rollout."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(asyncio.to_thread(env.close), timeout)
+    """Close an env without letting a stuck or failing ``close`` stall the rollout.
+
+    A cancel that arrives while the env closes (the batch filled up meanwhile) does not
+    interrupt the close, and the episode still returns its trajectory.
+    """
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.shield(asyncio.wait_for(asyncio.to_thread(env.close), timeout))
