@@ -20,48 +20,40 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def test_stop_kills_the_whole_process_group_including_grandchildren(tmp_path: Path) -> None:
-    pidfile = tmp_path / "grandchild.pid"
+def _wait_for(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _start_with_child(tmp_path: Path, name: str, script: str) -> tuple[ManagedProcess, int]:
+    """Start ``bash -c script`` (``$PIDFILE`` gets a child's pid); return it and that pid."""
+    pidfile = tmp_path / f"{name}.pid"
     proc = ManagedProcess(
-        "sleeper",
-        ["bash", "-c", f"sleep 300 & echo $! > {pidfile}; trap '' TERM; sleep 300"],
-        log_path=tmp_path / "log",
+        name, ["bash", "-c", script.replace("$PIDFILE", str(pidfile))], log_path=tmp_path / "log"
     )
     proc.start()
-    deadline = time.monotonic() + 10
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    grandchild = int(pidfile.read_text())
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10)
+    return proc, int(pidfile.read_text())
+
+
+def test_stop_kills_the_whole_process_group_including_grandchildren(tmp_path: Path) -> None:
+    script = "sleep 300 & echo $! > $PIDFILE; trap '' TERM; sleep 300"
+    proc, grandchild = _start_with_child(tmp_path, "sleeper", script)
     proc.stop(grace=0.5)  # the parent ignores SIGTERM, so SIGKILL must reach the group
     assert not proc.alive()
-    deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(grandchild)
+    _wait_for(lambda: not _alive(grandchild), 5)
 
 
 def test_stop_kills_a_grandchild_that_left_the_process_group(tmp_path: Path) -> None:
-    pidfile = tmp_path / "escaped.pid"
-    proc = ManagedProcess(
-        "escaper",
-        ["bash", "-c", f"setsid sleep 300 & echo $! > {pidfile}; sleep 300"],
-        log_path=tmp_path / "log",
+    proc, escaped = _start_with_child(
+        tmp_path, "escaper", "setsid sleep 300 & echo $! > $PIDFILE; sleep 300"
     )
-    proc.start()
-    deadline = time.monotonic() + 10
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    escaped = int(pidfile.read_text())
-    while os.getpgid(escaped) == proc.pid:  # until setsid ran: a group kill would miss it now
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # Once setsid ran, a group kill alone would miss it.
+    _wait_for(lambda: os.getpgid(escaped) != proc.pid, 10)
     proc.stop(grace=0.5)
-    deadline = time.monotonic() + 5
-    while _alive(escaped) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(escaped)
+    _wait_for(lambda: not _alive(escaped), 5)
 
 
 def test_port_free_tells_a_listening_port_from_a_free_one() -> None:
