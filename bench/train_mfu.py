@@ -1,4 +1,6 @@
-"""Train-step throughput and MFU of the megatron and torch trainer backends, side by side.
+"""Train-step throughput and MFU of the megatron and torch trainer backends, side by side with
+a plain transformers + SDPA training loop on the same sequences (the ``plain`` row, and the
+``x plain`` column: each backend's tokens/s over the plain loop's in the same run).
 
 Random-weight Qwen3-shaped models, sequences of ``--seq-len`` tokens, one full ``train_step``
 (forward, backward, optimizer) per measurement. MFU counts the matmul FLOPs of a token,
@@ -7,7 +9,7 @@ s sequence length; q query width; causal attention), against the bf16 matmul rat
 the same run. Each (model, backend) runs in its own process so GPU memory starts empty; the
 megatron runs also time ``export_weights`` into pinned CPU memory.
 
-    python bench/train_mfu.py --models qwen3-1.7b,qwen3-4b --backends megatron,torch \
+    python bench/train_mfu.py --models qwen3-1.7b,qwen3-4b --backends plain,megatron,torch \
         --seq-len 4096 --out results.json
 """
 
@@ -75,12 +77,45 @@ def make_batch(num_samples: int, seq_len: int, vocab: int, prompt: int = 256) ->
     return TrainBatch(samples)
 
 
+class PlainLoop:
+    """The baseline row: a plain transformers + SDPA supervised step on the same sequences
+    (bf16 weights and AdamW moments, fused AdamW, one sequence per micro-batch), the loop an
+    RL trainer step should at least match."""
+
+    def __init__(self, model: str) -> None:
+        import torch
+        from qwen3_shapes import qwen3_config
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_config(
+            qwen3_config(model), dtype=torch.bfloat16, attn_implementation="sdpa"
+        ).cuda()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, fused=True)
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """Forward with labels, backward, one optimizer step; loss read once at the end."""
+        import torch
+
+        losses = []
+        for sample in batch:
+            ids = torch.tensor([sample.token_ids], device="cuda")
+            loss = self.model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            losses.append(loss.detach())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": float(torch.stack(losses).mean())}
+
+
 def build_trainer(backend: str, model: str, folder: Path, seq_len: int, extra: list[str]) -> Any:
-    """A random-weight trainer of ``backend`` for the shape ``model``."""
+    """A random-weight trainer of ``backend`` (or the ``plain`` baseline) for ``model``."""
     import torch
     from qwen3_shapes import qwen3_config, write_config_folder
 
     from vime.training.base import TrainerConfig
+
+    if backend == "plain":
+        return PlainLoop(model)
 
     write_config_folder(model, folder)
     config = TrainerConfig(
@@ -225,8 +260,9 @@ def main() -> None:
     p.add_argument("--models", default="qwen3-1.7b,qwen3-4b")
     p.add_argument(
         "--backends",
-        default="megatron+export,torch",
-        help="comma-separated variants: backend[+cudnn][+pack2][+profile][+export] (cudnn: "
+        default="plain,megatron+export,torch",
+        help="comma-separated variants: backend[+cudnn][+pack2][+profile][+export]; backend "
+        "plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
         "cuDNN attention first; pack2: two sequences per micro-batch; export: time "
         "export_weights; profile: print a kernel profile of one step)",
     )
@@ -276,18 +312,24 @@ def main() -> None:
                 print(f"{model} {variant}: {json.dumps(row)}", flush=True)
             row["wall_s"] = time.perf_counter() - started
             rows.append(row)
+    baseline = {r["model"]: r for r in rows if r.get("backend") == "plain" and "error" not in r}
+    for r in rows:
+        if "error" not in r and r["model"] in baseline:
+            r["vs_plain"] = r["tokens_per_s"] / baseline[r["model"]]["tokens_per_s"]
     print(
         f"\n{'model':12} {'backend':9} {'tok/s':>8} {'TFLOP/s':>8} {'MFU@790':>8} "
-        f"{'MFU@meas':>8} {'peak GB':>8} {'export GB/s':>11}"
+        f"{'MFU@meas':>8} {'peak GB':>8} {'x plain':>8} {'export GB/s':>11}"
     )
     for r in rows:
         if "error" in r:
             print(f"{r['model']:12} {r['backend']:24} failed")
             continue
         exp = f"{r['export_gbps']:.1f}" if "export_gbps" in r else "-"
+        ratio = f"{r['vs_plain']:.2f}x" if "vs_plain" in r else "-"
         print(
             f"{r['model']:12} {r['backend']:9} {r['tokens_per_s']:8.0f} {r['tflops']:8.0f} "
-            f"{r['mfu_790']:8.1%} {r['mfu_measured']:8.1%} {r['peak_gb']:8.1f} {exp:>11}"
+            f"{r['mfu_790']:8.1%} {r['mfu_measured']:8.1%} {r['peak_gb']:8.1f} {ratio:>8} "
+            f"{exp:>11}"
         )
     if args.out:
         Path(args.out).write_text(json.dumps({"matmul_tflops": rate, "runs": rows}, indent=2))

@@ -1,0 +1,166 @@
+"""Log-probabilities and entropy of the sampled tokens straight from the last hidden states.
+
+An RL step needs ``log p(x_t)`` of one token per position and, at most, the entropy; the
+``[tokens, vocab]`` float32 logits exist only to produce those. This computes both chunk by
+chunk through the output layer and recomputes each chunk's logits in backward, so peak memory
+holds one chunk of logits instead of all of them (4,096 tokens x 151,936 vocab x 4 bytes is
+2.5 GB, times three for the softmax and its gradient). With a vocab-parallel output layer
+(Megatron tensor parallelism) pass its process group and the shard's first vocab id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+def token_logprobs_and_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    group: Any = None,
+    vocab_start: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """``log softmax(hidden @ weight.T / temperature)[t, targets[t]]`` and the entropy of that
+    softmax at each position ``t``, both ``[T]`` in float32 (float64 for float64 inputs).
+
+    ``hidden`` is ``[T, H]`` and ``weight`` ``[V, H]`` (the local shard ``[V / tp, H]`` when
+    ``group`` is a tensor-parallel group, holding ids ``vocab_start ..``); the matmuls run in
+    their dtype, softmax and reductions in float32. Both outputs are differentiable with
+    respect to ``hidden`` and ``weight``; an output that no loss uses costs no backward work.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"token_logprobs_and_entropy: hidden [T, H] and weight [V, H] expected, got "
+            f"{tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"token_logprobs_and_entropy: one target per row expected, got {targets.numel()}"
+            f" targets for {hidden.shape[0]} rows"
+        )
+    if chunk_tokens < 1 or temperature <= 0:
+        raise ValueError(
+            f"token_logprobs_and_entropy: chunk_tokens >= 1 and temperature > 0 expected, "
+            f"got {chunk_tokens} and {temperature}"
+        )
+    return _ChunkedOutputLogprobs.apply(
+        hidden, weight, targets, float(temperature), int(chunk_tokens), group, int(vocab_start)
+    )
+
+
+def _all_reduce(t: Tensor, group: Any, op: str = "sum") -> Tensor:
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
+    return t
+
+
+def _scaled_logits(h: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    """A chunk's logits in float32 (float64 stays float64), divided by the temperature."""
+    z = h @ weight.t()
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
+    return z / temperature if temperature != 1.0 else z
+
+
+def _chunk_stats(
+    h: Tensor, weight: Tensor, targets: Tensor, temperature: float, group: Any, vocab_start: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Scaled logits ``z`` of a chunk (local vocab shard), their log-sum-exp over the whole
+    vocabulary, the target's logit and the entropy."""
+    z = _scaled_logits(h, weight, temperature)
+    m = _all_reduce(z.amax(dim=-1), group, "max")
+    shifted = z - m[:, None]
+    lse = m + _all_reduce(shifted.exp().sum(dim=-1), group).log()
+    local = targets - vocab_start
+    inside = (local >= 0) & (local < z.shape[1])
+    picked = z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None])[:, 0]
+    target_logit = _all_reduce(torch.where(inside, picked, torch.zeros_like(picked)), group)
+    p = (z - lse[:, None]).exp()
+    entropy = lse - _all_reduce((p * z).sum(dim=-1), group)
+    return z, lse, target_logit, entropy
+
+
+class _ChunkedOutputLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        temperature: float,
+        chunk: int,
+        group: Any,
+        vocab_start: int,
+    ) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        logprobs = torch.empty(n, dtype=dtype, device=hidden.device)
+        entropy = torch.empty(n, dtype=dtype, device=hidden.device)
+        lse_all = torch.empty(n, dtype=dtype, device=hidden.device)
+        for a in range(0, n, chunk):
+            b = min(a + chunk, n)
+            _, lse, target_logit, ent = _chunk_stats(
+                hidden[a:b], weight, targets[a:b], temperature, group, vocab_start
+            )
+            logprobs[a:b] = target_logit - lse
+            entropy[a:b] = ent
+            lse_all[a:b] = lse
+        ctx.save_for_backward(hidden, weight, targets, lse_all, entropy)
+        ctx.settings = (temperature, chunk, group, vocab_start)
+        ctx.set_materialize_grads(False)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> Any:
+        hidden, weight, targets, lse_all, entropy = ctx.saved_tensors
+        temperature, chunk, group, vocab_start = ctx.settings
+        none = (None,) * 5
+        if grad_logprobs is None and grad_entropy is None:
+            return (None, None, *none)
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=lse_all.dtype, device=weight.device)
+            if ctx.needs_input_grad[1]
+            else None
+        )
+        vocab = weight.shape[0]
+        for a in range(0, hidden.shape[0], chunk):
+            b = min(a + chunk, hidden.shape[0])
+            h = hidden[a:b]
+            z = _scaled_logits(h, weight, temperature)
+            logp = z - lse_all[a:b, None]
+            p = logp.exp()
+            # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H).
+            grad_z = torch.zeros_like(z)
+            if grad_logprobs is not None:
+                g = grad_logprobs[a:b].to(z.dtype)
+                grad_z -= g[:, None] * p
+                local = targets[a:b] - vocab_start
+                inside = (local >= 0) & (local < vocab)
+                rows = torch.nonzero(inside)[:, 0]
+                grad_z[rows, local[rows]] += g[rows]
+            if grad_entropy is not None:
+                g = grad_entropy[a:b].to(z.dtype)
+                grad_z -= g[:, None] * p * (logp + entropy[a:b, None])
+            if temperature != 1.0:
+                grad_z = grad_z / temperature
+            grad_z = grad_z.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[a:b] = grad_z @ weight
+            if grad_weight is not None:
+                grad_weight += grad_z.t() @ h
+        if grad_hidden is not None:
+            # The hidden states feed every vocab shard: their gradient is the sum over shards.
+            _all_reduce(grad_hidden, group)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return (grad_hidden, grad_weight, *none)
