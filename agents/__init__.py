@@ -3,13 +3,12 @@ records any ``openai``-client agent, and token-level trajectory assembly."""
 
 from vime.agents.config import AgentConfig
 from vime.agents.openai_adapter import RecordingTransport, recording_client, run_openai_agent
-from vime.agents.session import LLM, ContextLimitReached, LLMSession
+from vime.agents.session import ContextLimitReached, LLMSession
 from vime.agents.template import ChatTemplateRenderer, TemplateError
 from vime.agents.tool_agent import Episode, run
 from vime.agents.trajectory import TrajectoryBuilder, training_samples
 
 __all__ = [
-    "LLM",
     "AgentConfig",
     "ChatTemplateRenderer",
     "ContextLimitReached",

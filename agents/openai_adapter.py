@@ -12,10 +12,11 @@ from typing import Any
 
 import httpx
 from vime.agents.config import AgentConfig
-from vime.agents.session import LLM, ContextLimitReached, LLMSession
+from vime.agents.session import ContextLimitReached, LLMSession
 from vime.agents.template import ChatTemplateRenderer
 from vime.agents.tool_agent import describe_error
 
+from vime.inference.sampling import Sample, Sampler, SamplingConfig
 from vime.types import Message, Status, Trajectory
 
 AgentFn = Callable[[Any], Awaitable[float | None]]
@@ -59,7 +60,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         record = self.session.turns[-1]
         return httpx.Response(200, json=self._response(message, record), request=request)
 
-    def _response(self, message: dict, record: Any) -> dict:
+    def _response(self, message: dict, record: Sample) -> dict:
         turn = len(self.session.turns)
         out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
         calls = []
@@ -120,8 +121,8 @@ def recording_client(transport: RecordingTransport) -> Any:
 
 async def run_openai_agent(
     agent: AgentFn,
-    llm: LLM,
-    sampling: Any,
+    llm: Sampler,
+    sampling: SamplingConfig | dict | None,
     config: AgentConfig | None = None,
     *,
     renderer: ChatTemplateRenderer | None = None,

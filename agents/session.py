@@ -8,44 +8,20 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 from vime.agents.config import AgentConfig
 from vime.agents.template import ChatTemplateRenderer
 from vime.agents.trajectory import TrajectoryBuilder
 
 from vime.errors import VimeError
+from vime.inference.sampling import Sample, Sampler, SamplingConfig
 from vime.types import Message
 
 
 class ContextLimitReached(VimeError):
     """The next turn would not fit in the context window; the episode is truncated."""
-
-
-class LLM(Protocol):
-    """What an agent needs from the inference client (``vime.inference.client.VimeClient``).
-
-    ``chat`` returns an object with ``prompt_ids``, ``completion_ids``, ``logprobs``, ``text``,
-    ``message``, ``finish_reason`` and ``weight_version``; ``generate`` (token-in) the same
-    without ``prompt_ids`` and ``message``.
-    """
-
-    async def chat(self, messages: list[Message], **kwargs: Any) -> Any: ...
-
-    async def generate(self, prompt_ids: list[int], **kwargs: Any) -> Any: ...
-
-
-@dataclass
-class TurnRecord:
-    """What one engine call produced (kept for metrics and the adapter's responses)."""
-
-    message: Message
-    text: str
-    completion_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    weight_version: int | None
 
 
 class LLMSession:
@@ -60,16 +36,18 @@ class LLMSession:
 
     def __init__(
         self,
-        llm: LLM,
-        sampling: Any,
+        llm: Sampler,
+        sampling: SamplingConfig | dict | None,
         config: AgentConfig | None = None,
         *,
         renderer: ChatTemplateRenderer | None = None,
         parse: Callable[[str], Message] | None = None,
         session_id: str | None = None,
+        seed: int | None = None,
     ) -> None:
         self.llm = llm
-        self.sampling = sampling
+        self.sampling = SamplingConfig.of(sampling)
+        self.seed = seed  # the sampling seed of every request (None: the engine's own)
         self.config = config or AgentConfig()
         if self.config.mode == "tokens" and renderer is None:
             raise ValueError(
@@ -80,7 +58,7 @@ class LLMSession:
         self.parse = parse or _parser_from_registry(self.config.tool_parser)
         self.session_id = session_id or uuid.uuid4().hex
         self.builder = TrajectoryBuilder(self.config.drift)
-        self.turns: list[TurnRecord] = []
+        self.turns: list[Sample] = []  # every sample, its message parsed
         self._history: list[Message] = []
 
     @property
@@ -103,7 +81,7 @@ class LLMSession:
 
     async def _complete_tokens(
         self, messages: list[Message], tools: Sequence[dict] | None
-    ) -> TurnRecord:
+    ) -> Sample:
         renderer = self.renderer
         assert renderer is not None
         known = len(self._history)
@@ -116,53 +94,41 @@ class LLMSession:
             # The caller rewrote earlier turns: the full render is the engine's true prompt.
             self.builder.observe_prompt(renderer.prompt_ids(messages, tools))
         sampling = self._fit_context(len(self.builder.ids))
-        sent = list(self.builder.ids)
-        result = await self.llm.generate(sent, sampling=sampling, session_id=self.session_id)
-        engine_prompt = getattr(result, "prompt_ids", None)
-        if engine_prompt and list(engine_prompt) != sent:
-            # The engine (or something between) changed the prompt: train on what it saw.
-            self.builder.observe_prompt(engine_prompt)
-        self.builder.add_completion(
-            result.completion_ids,
-            result.logprobs,
-            result.weight_version,
-            getattr(result, "weight_versions", ()),
+        sample = await self.llm.generate(
+            list(self.builder.ids), sampling=sampling, session_id=self.session_id, seed=self.seed
         )
-        return TurnRecord(
-            message=self.parse(result.text),
-            text=result.text,
-            completion_ids=list(result.completion_ids),
-            logprobs=list(result.logprobs),
-            finish_reason=result.finish_reason,
-            weight_version=result.weight_version,
-        )
+        self._record(sample)
+        return replace(sample, message=self.parse(sample.text))
 
-    async def _complete_chat(
-        self, messages: list[Message], tools: Sequence[dict] | None
-    ) -> TurnRecord:
+    async def _complete_chat(self, messages: list[Message], tools: Sequence[dict] | None) -> Sample:
         sampling = self._fit_context(len(self.builder.ids))
-        result = await self.llm.chat(
+        sample = await self.llm.chat(
             messages,
             tools=list(tools) if tools else None,
             sampling=sampling,
             session_id=self.session_id,
+            seed=self.seed,
         )
-        self.builder.observe_prompt(result.prompt_ids)
-        self.builder.add_completion(result.completion_ids, result.logprobs, result.weight_version)
-        message = dict(result.message) if result.message else None
-        if message is not None and not message.get("tool_calls"):
-            # An empty list means the engine parsed no calls (or has no tool parser): leave
-            # the text for the env's parser rather than assert "no calls".
+        self._record(sample)
+        message = dict(sample.message)
+        if not message.get("tool_calls"):
+            # No parsed calls (or no tool parser on the server): leave the text for the
+            # env's parser rather than assert "no calls".
             message.pop("tool_calls", None)
-        if message is None or (self.config.tool_parser and not message.get("tool_calls")):
-            message = self.parse(result.text)
-        return TurnRecord(
-            message=message,
-            text=result.text,
-            completion_ids=list(result.completion_ids),
-            logprobs=list(result.logprobs),
-            finish_reason=result.finish_reason,
-            weight_version=result.weight_version,
+            if self.config.tool_parser:
+                message = self.parse(sample.text)
+        return replace(sample, message=message)
+
+    def _record(self, sample: Sample) -> None:
+        """Add the sample's ids to the trajectory (a text-only sample adds a turn only)."""
+        if not sample.trainable:
+            self.builder.add_untracked_turn()
+            return
+        if sample.prompt_ids and sample.prompt_ids != self.builder.ids:
+            # Chat mode, or something between changed the prompt: train on what it saw.
+            self.builder.observe_prompt(sample.prompt_ids)
+        self.builder.add_completion(
+            sample.completion_ids, sample.logprobs, sample.weight_version, sample.weight_versions
         )
 
     @property
@@ -171,8 +137,8 @@ class LLMSession:
         limit = self.config.max_context_tokens
         return limit is not None and len(self.builder.ids) >= limit
 
-    def _fit_context(self, prompt_len: int) -> Any:
-        """Sampling params whose max_tokens fits the context window, or ContextLimitReached."""
+    def _fit_context(self, prompt_len: int) -> SamplingConfig:
+        """Sampling whose max_tokens fits the context window, or ContextLimitReached."""
         limit = self.config.max_context_tokens
         if limit is None:
             return self.sampling
@@ -181,20 +147,9 @@ class LLMSession:
             raise ContextLimitReached(
                 f"the prompt has {prompt_len} tokens and the context limit is {limit}"
             )
-        max_tokens = _get(self.sampling, "max_tokens")
-        if max_tokens is None or max_tokens <= room:
+        if self.sampling.max_tokens <= room:
             return self.sampling
-        if isinstance(self.sampling, dict):
-            return {**self.sampling, "max_tokens": room}
-        return replace(self.sampling, max_tokens=room)
-
-
-def _get(sampling: Any, name: str) -> Any:
-    if sampling is None:
-        return None
-    if isinstance(sampling, dict):
-        return sampling.get(name)
-    return getattr(sampling, name, None)
+        return self.sampling.replace(max_tokens=room)
 
 
 def _parser_from_registry(name: str | None) -> Callable[[str], Message]:

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from vime.agents.config import AgentConfig
-from vime.agents.session import LLM, ContextLimitReached, LLMSession
+from vime.agents.session import ContextLimitReached, LLMSession
 from vime.agents.template import ChatTemplateRenderer
 
 from vime.inference.errors import ContextTooLong
+from vime.inference.sampling import Sampler, SamplingConfig
 from vime.types import Message, Status, Trajectory
 
 
@@ -26,14 +27,15 @@ class Episode:
     def __init__(
         self,
         env: Any,
-        llm: LLM,
-        sampling: Any,
+        llm: Sampler,
+        sampling: SamplingConfig | dict | None,
         config: AgentConfig | None = None,
         *,
         renderer: ChatTemplateRenderer | None = None,
         task: dict | None = None,
         seed: int | None = None,
         session_id: str | None = None,
+        sampling_seed: int | None = None,
     ) -> None:
         self.env = env
         self.config = config or AgentConfig()
@@ -43,11 +45,18 @@ class Episode:
         if self.config.tool_parser is None and hasattr(env, "parse_action"):
             parse = env.parse_action
         self.session = LLMSession(
-            llm, sampling, self.config, renderer=renderer, parse=parse, session_id=session_id
+            llm,
+            sampling,
+            self.config,
+            renderer=renderer,
+            parse=parse,
+            session_id=session_id,
+            seed=sampling_seed,
         )
         self.messages: list[Message] = []
         self.turn_rewards: list[float] = []
         self.metrics: dict[str, float] = {}
+        self.info: dict[str, Any] = {}  # the env's info of the last step
         self.status = Status.TRUNCATED
         self.stop_reason = ""
         self.started = time.monotonic()
@@ -74,6 +83,7 @@ class Episode:
             observation, reward, terminated, truncated, info = await self.env.astep(action)
             self.turn_rewards.append(float(reward))
             self.messages.extend(observation)
+            self.info = dict(info or {})
             self._add_metrics(info)
             if terminated:
                 self.status, self.stop_reason = Status.COMPLETED, "terminated"
@@ -82,6 +92,20 @@ class Episode:
                 self.status, self.stop_reason = Status.TRUNCATED, "env truncated"
                 return
         self.status, self.stop_reason = Status.TRUNCATED, f"max_turns={self.config.max_turns}"
+
+    def outcome(self) -> dict[str, Any]:
+        """What graders and reports read: the env's ``correct`` flag and extracted answer (when
+        it gives them), the last turn's finish reason and the requests the turns took."""
+        turns = self.session.turns
+        answer = self.info.get("extracted_answer")
+        correct = self.info.get("correct")
+        return {
+            "correct": None if correct is None else bool(correct),
+            "answer": None if answer in (None, "") else str(answer),
+            "finish_reason": turns[-1].finish_reason if turns else "",
+            "attempts": sum(t.attempts for t in turns),
+            "trainable": all(t.trainable for t in turns),
+        }
 
     def _add_metrics(self, info: dict | None) -> None:
         for key, value in (info or {}).items():
@@ -111,14 +135,15 @@ class Episode:
             metadata={
                 "stop_reason": self.stop_reason or (error or ""),
                 "session_id": self.session.session_id,
+                **self.outcome(),
             },
         )
 
 
 async def run(
     env: Any,
-    llm: LLM,
-    sampling: Any,
+    llm: Sampler,
+    sampling: SamplingConfig | dict | None,
     config: AgentConfig | None = None,
     *,
     renderer: ChatTemplateRenderer | None = None,

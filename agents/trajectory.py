@@ -102,6 +102,10 @@ class TrajectoryBuilder:
             self._seg.prompt_length = len(ids)
         self._seg.extend(list(ids), None, -1)
 
+    def add_untracked_turn(self) -> None:
+        """Count a turn sampled without token ids (an API that returns text only)."""
+        self.num_turns += 1
+
     def add_completion(
         self,
         ids: Sequence[int],

@@ -22,9 +22,14 @@ from typing import Any
 from vime.agents import AgentConfig, ChatTemplateRenderer
 
 import vime
+from vime.inference.client import VimeClient
+from vime.inference.sampling import SamplingConfig
 from vime.rollout import RolloutConfig, RolloutManager
-from vime.rollout.engine_client import EngineClient
-from vime.rollout.stub_server import ByteTokenizer
+
+# The stub engine is test support (tests/support), not product.
+STUB = Path(__file__).resolve().parents[1] / "tests" / "support" / "stub_engine.py"
+sys.path.insert(0, str(STUB.parent))
+from stub_engine import ByteTokenizer  # noqa: E402
 
 TURNS = 5  # assistant turns per episode: 4 tool calls, then the answer
 GOAL_AT_256 = 1000.0
@@ -62,8 +67,7 @@ def start_stub() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "vime.rollout.stub_server",
+            str(STUB),
             "--turns",
             str(TURNS),
             "--parse-tool-calls",
@@ -80,7 +84,7 @@ def start_stub() -> tuple[subprocess.Popen, str]:
 
 async def vime_turns_per_s(url: str, concurrency: int, episodes: int, mode: str) -> dict[str, Any]:
     """Run ``episodes`` episodes at ``concurrency`` through the rollout manager."""
-    client = EngineClient(url, model="stub", max_connections=concurrency)
+    client = VimeClient(url, model="stub", max_connections=concurrency, max_retries=0)
     n = 8
     manager = RolloutManager(
         RolloutConfig(
@@ -93,9 +97,9 @@ async def vime_turns_per_s(url: str, concurrency: int, episodes: int, mode: str)
     )
     tasks = [{"id": str(i)} for i in range(episodes // n)]
     started = time.perf_counter()
-    batch = await manager.generate(tasks, {"max_tokens": 128})
+    batch = await manager.generate(tasks, SamplingConfig(max_tokens=128))
     elapsed = time.perf_counter() - started
-    await client.aclose()
+    await client.close()
     trajectories = batch.trajectories
     ok = sum(t.status is vime.Status.COMPLETED and t.reward == 1.0 for t in trajectories)
     turns = sum(t.metrics["num_turns"] for t in trajectories)

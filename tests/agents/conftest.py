@@ -1,16 +1,16 @@
 """Fixtures for agent tests: a counting tool env, the stub vLLM-like server with its byte
-tokenizer, and an engine client."""
+tokenizer, and the production client (``VimeClient``) pointed at it."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from stub_engine import ByteTokenizer, StubServer, counting_tool_policy
 from vime.agents import AgentConfig, ChatTemplateRenderer
 
 import vime
-from vime.rollout.engine_client import EngineClient
-from vime.rollout.stub_server import ByteTokenizer, StubServer, counting_tool_policy
+from vime.inference.client import VimeClient
 
 
 class CountingEnv(vime.ToolEnv):
@@ -78,7 +78,7 @@ async def stub(tokenizer):
 
 @pytest.fixture
 async def client(stub):
-    async with EngineClient(stub.url, model="stub") as engine:
+    async with VimeClient(stub.url, model="stub", max_retries=0) as engine:
         yield engine
 
 

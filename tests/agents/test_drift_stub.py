@@ -4,9 +4,9 @@ handled as configured (mask the unprovable sampled ids, or split into samples)."
 from __future__ import annotations
 
 import pytest
+from stub_engine import ByteTokenizer, StubServer, counting_tool_policy
 from vime.agents import AgentConfig, ChatTemplateRenderer, TrajectoryBuilder, run, training_samples
 
-from vime.rollout.stub_server import ByteTokenizer, StubServer, counting_tool_policy
 from vime.types import Status
 
 SAMPLING = {"max_tokens": 200}
@@ -43,9 +43,9 @@ async def drifting_stub():
 
 @pytest.fixture
 async def drifting_client(drifting_stub):
-    from vime.rollout.engine_client import EngineClient
+    from vime.inference.client import VimeClient
 
-    async with EngineClient(drifting_stub.url, model="stub") as engine:
+    async with VimeClient(drifting_stub.url, model="stub") as engine:
         yield engine
 
 
@@ -102,7 +102,7 @@ async def test_token_mode_never_drifts_on_a_history_rewriting_template(
         env_cls(), drifting_client, SAMPLING, AgentConfig(mode="tokens"), renderer=renderer
     )
 
-    last_prompt = drifting_stub.requests[-1]["prompt"]
+    last_prompt = drifting_stub.requests[-1]["token_ids"]
     assert traj.metrics["drift_count"] == 0
     assert traj.token_ids[: len(last_prompt)] == last_prompt
     assert traj.loss_mask[len(last_prompt) :] == [1] * (len(traj.token_ids) - len(last_prompt))

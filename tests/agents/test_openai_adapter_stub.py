@@ -67,7 +67,7 @@ async def test_rollout_sampling_overrides_the_agents_own(env_cls, stub, client, 
         renderer=renderer,
         parse=env_cls().parse_action,
     )
-    assert {r["temperature"] for r in stub.requests} == {1.0}
+    assert {r["sampling_params"]["temperature"] for r in stub.requests} == {1.0}
 
 
 async def test_agent_that_rewrites_history_is_counted_as_drift(stub, client, renderer):

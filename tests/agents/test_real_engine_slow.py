@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import stub_engine
 from vime.agents import AgentConfig, ChatTemplateRenderer, run
 
 import vime
@@ -236,7 +237,7 @@ async def test_a_dying_engine_costs_only_its_own_episodes(engine):
     from vime.rollout import RolloutConfig, RolloutManager
 
     doomed = subprocess.Popen(
-        [sys.executable, "-m", "vime.rollout.stub_server", "--delay", "30"],
+        [sys.executable, stub_engine.__file__, "--delay", "30"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -9,9 +9,10 @@ import time
 import pytest
 
 from vime.errors import ConfigError
-from vime.eval.client import RateLimiter
 from vime.eval.config import EvalConfig
 from vime.eval.runner import evaluate
+from vime.inference.openai_client import RateLimiter
+from vime.inference.sampling import SamplingConfig
 
 SCRIPTED = [
     ("1+1 [right]", "2"),
@@ -105,11 +106,17 @@ async def test_changed_config_is_refused_unless_overwrite(stub_factory, task_fil
     tasks = task_file(rows)
     await evaluate(config(tasks, out), base_url=stub.url, model="stub")
     with pytest.raises(ConfigError, match=r"changed: temperature\).*--overwrite"):
-        await evaluate(config(tasks, out, temperature=0.5), base_url=stub.url, model="stub")
+        await evaluate(
+            config(tasks, out, sampling=SamplingConfig(temperature=0.5)),
+            base_url=stub.url,
+            model="stub",
+        )
     with pytest.raises(ConfigError, match=r"changed: model"):
         await evaluate(config(tasks, out), base_url=stub.url, model="other")
     await evaluate(
-        config(tasks, out, temperature=0.5, overwrite=True), base_url=stub.url, model="stub"
+        config(tasks, out, sampling=SamplingConfig(temperature=0.5), overwrite=True),
+        base_url=stub.url,
+        model="stub",
     )
     assert len(read_rows(out)) == 2
     assert json.loads((out / "config.json").read_text())["temperature"] == 0.5

@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from vime.inference.client import ChatResult, VimeClient
+from vime.inference.client import VimeClient
 from vime.inference.errors import ContextTooLong, RequestAborted
 from vime.inference.router import list_workers
+from vime.inference.sampling import Sample
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -28,9 +29,7 @@ def _client(served, url: str | None = None) -> VimeClient:
 
 async def test_returned_ids_decode_to_the_returned_text(served) -> None:
     async with _client(served) as client:
-        result = await client.chat(
-            HELLO, sampling={"temperature": 1.0, "max_tokens": 24, "seed": 3}
-        )
+        result = await client.chat(HELLO, sampling={"temperature": 1.0, "max_tokens": 24}, seed=3)
     assert result.completion_ids
     decoded = served.tokenizer.decode(result.completion_ids, skip_special_tokens=True)
     assert decoded == result.text
@@ -134,7 +133,7 @@ async def _outcome(client: VimeClient, i: int) -> tuple[str, float]:
         )
     except RequestAborted as exc:
         return f"aborted:{exc.reason}", time.monotonic() - start
-    assert isinstance(result, ChatResult)
+    assert isinstance(result, Sample)
     return "completed", time.monotonic() - start
 
 

@@ -1,5 +1,5 @@
-"""Fast specs of the inference layer: config, command lines, weight-update sequencing, client
-retries and error mapping, all against fakes (the real engines are in the slow tests)."""
+"""Fast specs of the inference layer: config, command lines and weight-update sequencing,
+against fakes (the client's are in test_client_stub.py; the real engines in the slow tests)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import torch
 from vime.cli.main import parse_args
 from vime.config.schema import build
 from vime.errors import ConfigError
-from vime.inference.client import SamplingParams, VimeClient
 from vime.inference.config import ServeConfig
 from vime.inference.engines import engine_argv, engine_env, served_model_name
-from vime.inference.errors import ContextTooLong, InferenceError, RequestAborted
+from vime.inference.errors import InferenceError
 from vime.inference.router import router_argv
 from vime.inference.weights import WeightUpdater, write_weights
 from vime.training.buckets import bucket_tensors
@@ -197,131 +196,3 @@ async def test_weight_update_refuses_a_missing_folder_or_no_engine(tmp_path: Pat
 
 
 # -- client ------------------------------------------------------------------------------
-
-
-def _chat_body(finish_reason: str = "stop") -> dict:
-    return {
-        "id": "c", "object": "chat.completion", "created": 0, "model": "m",
-        "prompt_token_ids": [1, 2, 3],
-        "choices": [{
-            "index": 0, "finish_reason": finish_reason, "token_ids": [7, 8],
-            "message": {"role": "assistant", "content": "hi"},
-            "logprobs": {"content": [
-                {"token": "h", "logprob": -0.5, "bytes": [104], "top_logprobs": []},
-                {"token": "i", "logprob": -1.5, "bytes": [105], "top_logprobs": []},
-            ]},
-        }],
-    }  # fmt: skip
-
-
-async def test_chat_returns_ids_logprobs_version_and_sends_the_session_header() -> None:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=_chat_body(), headers={"x-vime-weight-version": "4"})
-
-    client = VimeClient("http://r/v1", model="m", transport=httpx.MockTransport(handler))
-    result = await client.chat([{"role": "user", "content": "x"}], session_id="s-1")
-    assert (result.prompt_ids, result.completion_ids, result.logprobs) == (
-        [1, 2, 3], [7, 8], [-0.5, -1.5],
-    )  # fmt: skip
-    assert (result.text, result.finish_reason, result.weight_version) == ("hi", "stop", 4)
-    assert result.message == {"role": "assistant", "content": "hi"}
-    assert seen[0].headers["x-session-id"] == "s-1"
-    body = json.loads(seen[0].content)
-    assert body["return_token_ids"] is True and body["logprobs"] is True
-
-
-async def test_refused_connections_are_retried_then_succeed() -> None:
-    attempts = 0
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        attempts += 1
-        if attempts < 3:
-            raise httpx.ConnectError("connection refused", request=request)
-        return httpx.Response(200, json=_chat_body())
-
-    client = VimeClient(
-        "http://r/v1", model="m", retry_backoff=0.0, transport=httpx.MockTransport(handler)
-    )
-    result = await client.chat([{"role": "user", "content": "x"}])
-    assert attempts == 3 and result.completion_ids == [7, 8] and result.weight_version is None
-
-
-async def test_a_request_that_was_accepted_and_failed_is_not_retried() -> None:
-    attempts = 0
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        attempts += 1
-        raise httpx.RemoteProtocolError("server disconnected", request=request)
-
-    client = VimeClient(
-        "http://r/v1", model="m", retry_backoff=0.0, transport=httpx.MockTransport(handler)
-    )
-    with pytest.raises(RequestAborted) as info:
-        await client.chat([{"role": "user", "content": "x"}])
-    assert attempts == 1 and info.value.reason == "connection_lost"
-
-
-@pytest.mark.parametrize(
-    ("status", "body", "error", "reason"),
-    [
-        (400, {"error": {"message": "This model's maximum context length is 64 tokens."}},
-         ContextTooLong, None),
-        (500, {"error": {"message": "EngineCore died"}}, RequestAborted, "server_error"),
-        (404, {"error": {"message": "model nope not found"}}, InferenceError, None),
-    ],
-)  # fmt: skip
-async def test_http_errors_become_typed_errors(
-    status: int, body: dict, error: type, reason: str | None
-) -> None:
-    client = VimeClient(
-        "http://r/v1",
-        model="m",
-        transport=httpx.MockTransport(lambda r: httpx.Response(status, json=body)),
-    )
-    with pytest.raises(error) as info:
-        await client.chat([{"role": "user", "content": "x"}])
-    assert body["error"]["message"] in str(info.value)
-    if reason:
-        assert info.value.reason == reason
-
-
-async def test_an_engine_abort_is_reported_as_an_aborted_request() -> None:
-    client = VimeClient(
-        "http://r/v1",
-        model="m",
-        transport=httpx.MockTransport(lambda r: httpx.Response(200, json=_chat_body("abort"))),
-    )
-    with pytest.raises(RequestAborted) as info:
-        await client.chat([{"role": "user", "content": "x"}])
-    assert info.value.reason == "aborted_by_engine"
-
-
-async def test_generate_reads_vllm_weight_version_spans() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/inference/v1/generate"
-        assert json.loads(request.content)["token_ids"] == [1, 2]
-        return httpx.Response(
-            200,
-            json={"choices": [{
-                "index": 0, "text": "ab", "finish_reason": "length", "token_ids": [5, 6],
-                "logprobs": {"content": [{"token": "a", "logprob": -1.0, "bytes": [97]},
-                                         {"token": "b", "logprob": -2.0, "bytes": [98]}]},
-                "weight_versions": [{"version": "3", "start": 0, "end": 2}],
-            }]},
-        )  # fmt: skip
-
-    client = VimeClient("http://r/v1", model="m", transport=httpx.MockTransport(handler))
-    result = await client.generate([1, 2], sampling={"max_tokens": 2})
-    assert (result.completion_ids, result.logprobs, result.text) == ([5, 6], [-1.0, -2.0], "ab")
-    assert result.weight_version == 3 and result.weight_versions == [(3, 0, 2)]
-
-
-def test_sampling_params_reject_unknown_options() -> None:
-    assert SamplingParams.of({"temperature": 0.0}).temperature == 0.0
-    with pytest.raises(InferenceError, match=r"unknown sampling option\(s\) \['temprature'\]"):
-        SamplingParams.of({"temprature": 0.0})

@@ -9,12 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from stub_engine import StubServer
 
 from vime.cli.main import parse_args
 from vime.cli.train_cmd import build_setup
 from vime.errors import VimeError
 from vime.orchestration.loop import RLLoop
-from vime.rollout.stub_server import StubServer
 
 TASKS = [{"id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
 

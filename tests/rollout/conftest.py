@@ -1,17 +1,17 @@
-"""Fixtures for rollout tests: an env with injectable faults, the stub engine, a shared engine
-client and a manager factory."""
+"""Fixtures for rollout tests: an env with injectable faults, the stub engine, the shared
+production client (``VimeClient``) and a manager factory."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from stub_engine import ByteTokenizer, StubServer, counting_tool_policy
 from vime.agents import AgentConfig, ChatTemplateRenderer
 
 import vime
+from vime.inference.client import VimeClient
 from vime.rollout import RolloutConfig, RolloutManager
-from vime.rollout.engine_client import EngineClient
-from vime.rollout.stub_server import ByteTokenizer, StubServer, counting_tool_policy
 
 
 class FaultyCountingEnv(vime.ToolEnv):
@@ -60,7 +60,7 @@ async def stub():
 
 @pytest.fixture
 async def client(stub):
-    async with EngineClient(stub.url, model="stub") as engine:
+    async with VimeClient(stub.url, model="stub", max_retries=0) as engine:
         yield engine
 
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from vime.errors import ConfigError
+from vime.inference.client import VimeClient
 from vime.rollout import RolloutConfig, load_hook, nonzero_reward_variance
-from vime.rollout.engine_client import EngineClient
 from vime.rollout.filters import no_failures
 from vime.types import Status, Trajectory
 
@@ -77,19 +77,17 @@ async def test_crashing_env_step_fails_with_the_reason(make_manager):
 
 
 async def test_dead_engine_costs_only_the_episodes_that_use_it(make_manager, client):
-    dead = EngineClient("http://127.0.0.1:9/v1", model="stub", timeout=2.0)
+    dead = VimeClient("http://127.0.0.1:9/v1", model="stub", timeout=2.0, max_retries=0)
     calls = iter(range(100))
     batch = await make_manager(lambda: dead if next(calls) == 0 else client, n=2).generate(
         TASKS, SAMPLING
     )
-    await dead.aclose()
+    await dead.close()
 
     statuses = sorted(str(t.status) for t in batch.trajectories)
     assert statuses == ["completed"] * 5 + ["failed"]
     failed = next(t for t in batch.trajectories if t.status is Status.FAILED)
-    assert failed.error.startswith(
-        "EngineError: engine http://127.0.0.1:9/v1/completions unreachable"
-    )
+    assert failed.error.startswith("InferenceError: cannot connect to the inference server")
 
 
 def odd_task_ids(group) -> bool:

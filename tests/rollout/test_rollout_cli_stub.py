@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import stub_engine
 
 from vime.cli.main import main
 
@@ -20,7 +21,7 @@ def question(line: dict) -> str:
 @pytest.fixture
 def stub_url():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vime.rollout.stub_server", "--turns", "2"],
+        [sys.executable, stub_engine.__file__, "--turns", "2"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,5 +1,10 @@
-"""A zero-latency OpenAI-compatible server that answers like vLLM (prompt and completion token
-ids, per-token logprobs) from a deterministic script, for tests and overhead benchmarks.
+"""Test support: a zero-latency server that answers like a Vime-served vLLM engine, from a
+deterministic script, for the fast tests and the rollout benchmark.
+
+It speaks only what the real engines speak: chat completions with ``return_token_ids``
+(``prompt_token_ids`` and per-choice ``token_ids``, per-token logprobs), vLLM's token-in
+``/inference/v1/generate``, ``/v1/models``, and the weight version in the
+``x-vime-weight-version`` response header that Vime's engine middleware sets.
 
 It renders chat requests with any tokenizer that has ``apply_chat_template`` and ``encode``;
 :class:`ByteTokenizer` is a dependency-free one (bytes plus ChatML special tokens).
@@ -122,14 +127,20 @@ def stub_logprob(token_id: int, position: int) -> float:
     return -(((token_id * 7 + position * 13) % 50) + 1) / 100.0
 
 
+# ``fault(path, body)`` may answer a request itself: an aiohttp response, or DROP to close the
+# connection without an answer (an engine that died mid-request); None lets the stub answer.
+Fault = Callable[[str, dict], Any]
+DROP = "drop"
+
+
 class StubServer:
-    """An aiohttp app serving ``/v1/chat/completions``, ``/v1/completions``,
-    ``/inference/v1/generate`` and ``/v1/models``. ``policy(prompt_text) -> reply_text`` decides every answer; the reply is
-    followed by the tokenizer's EOS id unless it hits ``max_tokens``. ``weight_version`` is
-    reported in each response (``weight_version`` field, as Vime's engines do). ``delay``
-    (seconds, or a function of the prompt text) simulates generation time. With
+    """An aiohttp app serving ``/v1/chat/completions``, ``/inference/v1/generate`` and
+    ``/v1/models``. ``policy(prompt_text) -> reply_text`` decides every answer; the reply is
+    followed by the tokenizer's EOS id unless it hits ``max_tokens``. ``weight_version`` goes
+    out in the ``x-vime-weight-version`` header, as Vime's engine middleware sends it.
+    ``delay`` (seconds, or a function of the prompt text) simulates generation time. With
     ``parse_tool_calls`` chat answers carry Hermes ``<tool_call>`` blocks as OpenAI
-    ``tool_calls``, like vLLM's ``--tool-call-parser hermes``.
+    ``tool_calls``, like vLLM's ``--tool-call-parser hermes``. ``fault`` injects failures.
     """
 
     def __init__(
@@ -142,6 +153,7 @@ class StubServer:
         delay: float | Callable[[str], float] = 0.0,
         parse_tool_calls: bool = False,
         record_requests: bool = False,
+        fault: Fault | None = None,
     ) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
         self.policy = policy or counting_tool_policy()
@@ -151,6 +163,8 @@ class StubServer:
         self.parse_tool_calls = parse_tool_calls
         self.requests: list[dict] = []
         self.record_requests = record_requests
+        self.fault = fault
+        self.headers: list[dict[str, str]] = []  # of every request, when recording
         self.in_flight = 0
         self.max_in_flight = 0
         self.url = ""
@@ -196,8 +210,20 @@ class StubServer:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return ids, text, finish
 
-    async def _chat(self, request: Any) -> Any:
+    async def _faults(self, request: Any, handler: Callable) -> Any:
+        """aiohttp middleware: record the request, then let ``fault`` answer it if it will."""
+        if self.record_requests:
+            self.headers.append(dict(request.headers))
+        if self.fault is not None and request.method == "POST":
+            answer = self.fault(request.path, await request.json())
+            if answer == DROP:
+                request.transport.close()
+                await asyncio.sleep(3600)  # the client sees the connection go
+            if answer is not None:
+                return answer
+        return await handler(request)
 
+    async def _chat(self, request: Any) -> Any:
         body = await request.json()
         if self.record_requests:
             self.requests.append(body)
@@ -228,32 +254,6 @@ class StubServer:
             "chat.completion", choice, prompt_ids, ids, version, prompt_token_ids=prompt_ids
         )
 
-    async def _completions(self, request: Any) -> Any:
-
-        body = await request.json()
-        if self.record_requests:
-            self.requests.append(body)
-        prompt = body["prompt"]
-        prompt_ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
-        version = self.weight_version  # the weights the request started under
-        if self.delay:
-            await self._wait(self.tokenizer.decode(prompt_ids))
-        ids, reply, finish = self._complete(prompt_ids, body.get("max_tokens"))
-        start = len(prompt_ids)
-        choice = {
-            "text": reply,
-            "logprobs": {
-                "tokens": [f"token_id:{t}" for t in ids],
-                "token_logprobs": [stub_logprob(t, start + i) for i, t in enumerate(ids)],
-                "top_logprobs": None,
-                "text_offset": [],
-            },
-            "finish_reason": finish,
-            "token_ids": ids,
-            "prompt_token_ids": prompt_ids,
-        }
-        return self._openai_response("text_completion", choice, prompt_ids, ids, version)
-
     def _openai_response(
         self,
         kind: str,
@@ -279,7 +279,6 @@ class StubServer:
                 "completion_tokens": len(ids),
                 "total_tokens": len(prompt_ids) + len(ids),
             },
-            "weight_version": version,
         }
         return web.json_response(body, headers={"x-vime-weight-version": str(version)})
 
@@ -325,9 +324,12 @@ class StubServer:
         """Serve on ``host:port`` (0 picks a free port) in the running loop; return the base URL."""
         from aiohttp import web
 
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        @web.middleware
+        async def faults(request: Any, handler: Callable) -> Any:
+            return await self._faults(request, handler)
+
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[faults])
         app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/inference/v1/generate", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", lambda r: web.Response(text="ok"))
@@ -354,8 +356,8 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m vime.rollout.stub_server [--port P] [--turns N] [--delay S]``: serve until killed,
-    printing ``READY <base_url>`` once listening."""
+    """``python tests/support/stub_engine.py [--port P] [--turns N] [--delay S]``: serve until
+    killed, printing ``READY <base_url>`` once listening."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -13,6 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from vime.config.schema import add_options
     from vime.eval.config import API_KEY_VARS, EvalConfig
     from vime.inference.config import ServeConfig
+    from vime.inference.sampling import SamplingConfig
 
     parser = add_command(
         subparsers,
@@ -26,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"--model NAME --output runs/remote (API key from ${' or $'.join(API_KEY_VARS)})",
     )
     add_options(parser, EvalConfig, "eval")
+    add_options(parser, SamplingConfig, "sampling")
     model = parser.add_argument_group(
         "model (one of --base-url with --model, or --serve)",
         f"The API key of --base-url is read from ${' or $'.join(API_KEY_VARS)}, never a flag.",
@@ -46,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from vime.errors import ConfigError
     from vime.eval.config import API_KEY_VARS, EvalConfig
     from vime.eval.runner import evaluate, prepare
+    from vime.inference.sampling import SamplingConfig
 
-    config = build(EvalConfig, args)
+    config = build(EvalConfig, args, sampling=build(SamplingConfig, args))
     if bool(args.base_url) == bool(args.serve):
         raise ConfigError("give either --base-url URL with --model NAME, or --serve MODEL_PATH")
     if args.base_url:

@@ -13,6 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``vime rollout`` (accepts --vllm-* and --router-* flags for the engines it starts)."""
     from vime.agents.config import AgentConfig
     from vime.inference.config import ServeConfig
+    from vime.inference.sampling import SamplingConfig
     from vime.rollout.config import RolloutConfig
 
     parser = add_command(
@@ -38,10 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="use this running OpenAI-compatible vLLM endpoint (…/v1) instead of starting engines",
     )
     io.add_argument("--served-model-name", help="model name at --base-url (default: its first)")
-    sampling = parser.add_argument_group("sampling")
-    sampling.add_argument("--temperature", type=float, default=1.0)
-    sampling.add_argument("--top-p", type=float, default=1.0)
-    sampling.add_argument("--max-tokens", type=int, default=256, help="per assistant turn")
+    add_options(parser, SamplingConfig, "sampling")
     add_options(parser, RolloutConfig, "rollout")
     add_options(parser, AgentConfig, "agent")
     add_options(parser, ServeConfig, "engines (when Vime serves the model)")
@@ -56,17 +54,21 @@ def run(args: argparse.Namespace) -> int:
     from vime.agents.config import AgentConfig
     from vime.config.schema import build
     from vime.errors import ConfigError
+    from vime.inference.sampling import SamplingConfig
     from vime.rollout.config import RolloutConfig
 
     rollout = build(RolloutConfig, args)
     agent = build(AgentConfig, args)
+    sampling = build(SamplingConfig, args)
     tasks = _tasks(args)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("")
     if args.base_url:
         name = args.served_model_name or asyncio.run(_first_model(args.base_url))
-        return asyncio.run(_play(args, rollout, agent, tasks, args.base_url, name, output))
+        return asyncio.run(
+            _play(args, rollout, agent, sampling, tasks, args.base_url, name, output)
+        )
     from vime.inference.config import ServeConfig
     from vime.inference.service import InferenceService
 
@@ -77,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"vime: starting engines for {serve.model} (logs in {service.log_dir})", file=sys.stderr)
     with service.start():
         return asyncio.run(
-            _play(args, rollout, agent, tasks, service.base_url, service.model_name, output)
+            _play(
+                args, rollout, agent, sampling, tasks, service.base_url, service.model_name, output
+            )
         )
 
 
@@ -128,17 +132,14 @@ def _renderer(args: argparse.Namespace, mode: str):
         ) from exc
 
 
-async def _play(args, rollout, agent, tasks, base_url: str, model: str, output) -> int:
+async def _play(args, rollout, agent, sampling, tasks, base_url: str, model: str, output) -> int:
     import sys
 
     from tqdm import tqdm
 
-    from vime.inference.client import SamplingParams, VimeClient
+    from vime.inference.client import VimeClient
     from vime.rollout import RolloutManager, write_jsonl
 
-    sampling = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens
-    )
     client = VimeClient(base_url, model=model)
     bar = tqdm(total=len(tasks) * rollout.n, unit="episode", file=sys.stderr)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from vime.config.schema import option
 from vime.errors import ConfigError
+from vime.inference.sampling import SamplingConfig
 
 # API keys come from these environment variables (first set wins), never from a flag.
 API_KEY_VARS = ("VIME_EVAL_API_KEY", "OPENAI_API_KEY")
@@ -36,9 +37,9 @@ class EvalConfig:
         help="comma-separated k values for pass@k and maj@k, each <= --n "
         "(default: 1, 2, 4, ... up to --n, and --n)",
     )
-    temperature: float = option(1.0, help="sampling temperature")
-    top_p: float = option(1.0, help="nucleus sampling")
-    max_tokens: int = option(256, help="max tokens per assistant turn")
+    sampling: SamplingConfig = option(
+        SamplingConfig(), help="--temperature, --top-p, --max-tokens", cli=False
+    )
     max_turns: int = option(8, help="assistant turns before an episode is cut (multi-turn envs)")
     seed: int | None = option(
         None,
@@ -115,9 +116,9 @@ class EvalConfig:
             "task_ids": task_ids,
             "model": model,
             "n": self.n,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_tokens": self.max_tokens,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "max_tokens": self.sampling.max_tokens,
             "max_turns": self.max_turns,
             "seed": self.seed,
             "success_threshold": self.success_threshold,

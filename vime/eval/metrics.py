@@ -37,6 +37,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - product
 
 
+def is_correct(reward: float, correct: bool | None = None, threshold: float = 1.0) -> bool:
+    """Whether one sample counts as correct for pass@k: the env's own ``correct`` flag when
+    it reports one, else ``reward >= threshold``. A failed sample is never correct."""
+    return bool(correct) if correct is not None else reward >= threshold
+
+
 def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
     """pass@k averaged over tasks, from one ``(n, c)`` pair per task (each task weighs the
     same, whatever its n)."""

@@ -1,11 +1,8 @@
-"""Runs an eval: every (task, sample) not yet in the output dir is played as a text-only
-episode (``env.areset``/``env.astep`` driven by :class:`~vime.eval.client.EvalClient`) and
-recorded as it finishes; then the summary and reports are written.
-
-Why not the agent loop (``vime.agents``): it records token ids and checks the engine's prompt
-ids turn by turn, which a remote OpenAI-compatible API does not return (and may reject the
-vLLM-only request fields that ask for them). Evaluation needs text, rewards and a per-sample
-failure record, so it talks plain chat completions and works with any endpoint.
+"""Runs an eval: every (task, sample) not yet in the output dir is played as an episode of
+the agent loop (:class:`vime.agents.tool_agent.Episode`, chat mode) against an
+:class:`~vime.inference.openai_client.OpenAIClient`, and recorded as it finishes; then the
+summary and reports are written. The rows and metrics are those of :mod:`vime.eval.scoring`,
+shared with ``vime rollout`` and ``vime train``.
 """
 
 from __future__ import annotations
@@ -16,12 +13,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vime.eval.client import EvalClient, RequestFailed
+from vime.agents.config import AgentConfig
+from vime.agents.tool_agent import Episode, describe_error
 from vime.eval.config import EvalConfig
+from vime.eval.scoring import result_row
 from vime.eval.store import ResultStore
 from vime.eval.tasks import resolve_tasks
-
-RESPONSE_CHARS = 2000  # of the last reply, kept per sample for reading failures later
+from vime.inference.openai_client import OpenAIClient, RequestFailed
+from vime.inference.sampling import Sampler
+from vime.types import Status
 
 
 def make_env(config: EvalConfig) -> Any:
@@ -32,73 +32,41 @@ def make_env(config: EvalConfig) -> Any:
 
 
 async def run_sample(
-    env: Any, client: EvalClient, task: dict[str, Any], sample_index: int, config: EvalConfig
+    env: Any, sampler: Sampler, task: dict[str, Any], sample_index: int, config: EvalConfig
 ) -> dict[str, Any]:
     """Play one episode of ``task`` and return its results row; never raises for a failed
     request or env error (the row's ``error`` says what happened)."""
     task_id = str(task["id"])
     seed = (config.seed or 0) + sample_index  # the env's reset seed either way
-    sampling: dict[str, Any] = {
-        "temperature": config.temperature,
-        "top_p": config.top_p,
-        "max_tokens": config.max_tokens,
-    }
-    if config.seed is not None:
-        sampling["seed"] = seed
-    row: dict[str, Any] = {
-        "task_id": task_id,
-        "sample_index": sample_index,
-        "reward": 0.0,
-        "correct": False,
-        "answer": None,
-        "error": None,
-        "turns": 0,
-        "finish_reason": "",
-        "attempts": 0,
-        "response": "",
-    }
-    started = time.monotonic()
-    info: dict[str, Any] = {}
-    reward = 0.0
+    episode = Episode(
+        env,
+        sampler,
+        config.sampling,
+        AgentConfig(mode="chat", max_turns=config.max_turns),
+        task=task,
+        seed=seed,
+        session_id=f"{task_id}/{sample_index}",
+        sampling_seed=seed if config.seed is not None else None,
+    )
+    error, attempts = None, 0
     try:
-        observation, _ = await env.areset(seed=seed, options={"task": task})
-        messages = list(observation)
-        tools = list(env.tool_schemas or []) or None
-        for _ in range(config.max_turns):
-            reply = await client.chat(
-                messages, tools=tools, sampling=sampling, sample_key=f"{task_id}/{sample_index}"
-            )
-            row["turns"] += 1
-            row["attempts"] += reply.attempts
-            row["finish_reason"] = reply.finish_reason
-            row["response"] = reply.text[-RESPONSE_CHARS:]
-            action = {
-                k: v for k, v in reply.message.items() if k in ("role", "content", "tool_calls")
-            }
-            messages.append(action)
-            observation, step_reward, terminated, truncated, info = await env.astep(action)
-            reward += float(step_reward)
-            messages.extend(observation)
-            if terminated or truncated:
-                break
+        await episode.play()
     except RequestFailed as exc:
-        row["error"] = str(exc)
-        row["attempts"] += exc.attempts
+        error, attempts = str(exc), exc.attempts
     except Exception as exc:  # an env that raises must not lose the sample
-        row["error"] = f"env_error: {type(exc).__name__}: {str(exc)[:300]}"
-    if row["error"] is None:
-        row["reward"] = reward
-        flag = (info or {}).get("correct")
-        row["correct"] = bool(flag) if flag is not None else reward >= config.success_threshold
-        answer = (info or {}).get("extracted_answer")
-        row["answer"] = str(answer) if answer not in (None, "") else None
-    row["seconds"] = round(time.monotonic() - started, 3)
+        error = f"env_error: {describe_error(exc)[:300]}"
+    trajectory = episode.trajectory(
+        Status.FAILED if error else None, error, task_id=task_id, sample_index=sample_index
+    )
+    row = result_row(trajectory, threshold=config.success_threshold)
+    row["attempts"] += attempts  # the failed request's, which no turn recorded
+    row["seconds"] = round(time.monotonic() - episode.started, 3)
     return row
 
 
 async def run_pending(
     config: EvalConfig,
-    client: EvalClient,
+    sampler: Sampler,
     tasks: list[dict[str, Any]],
     store: ResultStore,
     first_env: Any = None,
@@ -132,7 +100,7 @@ async def run_pending(
         try:
             while not queue.empty():
                 task, index = queue.get_nowait()
-                row = await run_sample(env, client, task, index, config)
+                row = await run_sample(env, sampler, task, index, config)
                 store.append(row)
                 failed += row["error"] is not None
                 bar.update(1)
@@ -193,7 +161,7 @@ async def evaluate(
     from vime.eval.report import summarize, write_reports
 
     run = prepared or prepare(config, model)
-    client = EvalClient(
+    sampler = OpenAIClient(
         base_url,
         model=model,
         api_key=api_key,
@@ -203,9 +171,10 @@ async def evaluate(
         requests_per_second=config.requests_per_second,
     )
     try:
-        await run_pending(config, client, run.tasks, run.store, first_env=run.env)
+        await run_pending(config, sampler, run.tasks, run.store, first_env=run.env)
     finally:
         run.store.close()
+        await sampler.close()
     summary = summarize(run.tasks, run.store.results, n=config.n, ks=config.ks)
     write_reports(run.store.dir, summary, run.identity)
     return summary

@@ -1,38 +1,34 @@
-"""A text-only chat client for evaluation against any OpenAI-compatible endpoint: retries with
-exponential backoff on 429, 5xx, timeouts, connection errors and malformed replies, a
-per-request timeout and a requests-per-second limit. A request that still fails raises
-:class:`RequestFailed` with a short reason the harness records for its sample."""
+"""``OpenAIClient``: the :class:`~vime.inference.sampling.Sampler` of any OpenAI-compatible
+chat API (a hosted model, or an engine Vime did not start). It sees text, not token ids, so
+its samples are marked not trainable.
+
+Its failure policy suits evaluation against remote endpoints: retries with exponential
+backoff on 429, 5xx, timeouts, connection errors and malformed replies, a per-request timeout
+and a requests-per-second limit. A request that still fails raises :class:`RequestFailed`
+with a short reason that ``vime eval`` records for its sample.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from vime.inference.errors import InferenceError
+from vime.inference.sampling import Sample, SamplingConfig
 from vime.types import Message
 
 # Reasons recorded in results.jsonl's ``error`` field (prefix before ": ").
 RETRYABLE = ("rate_limited", "server_error", "timeout", "connection", "malformed_response")
 
 
-class RequestFailed(Exception):
+class RequestFailed(InferenceError):
     """A chat request that failed for good; ``reason`` is one short word, ``detail`` the rest."""
 
     def __init__(self, reason: str, detail: str, attempts: int) -> None:
         super().__init__(f"{reason}: {detail} (after {attempts} attempt(s))")
         self.reason = reason
         self.attempts = attempts
-
-
-@dataclass
-class Reply:
-    """One assistant turn: the message, its text and why generation stopped."""
-
-    message: Message
-    text: str
-    finish_reason: str
-    attempts: int
 
 
 class RateLimiter:
@@ -55,8 +51,10 @@ class RateLimiter:
             await asyncio.sleep(delay)
 
 
-class EvalClient:
-    """Chat completions against ``base_url`` (``.../v1``) with the eval's failure policy."""
+class OpenAIClient:
+    """Chat completions against ``base_url`` (``.../v1``) with the failure policy above."""
+
+    trainable = False
 
     def __init__(
         self,
@@ -80,42 +78,65 @@ class EvalClient:
             base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0
         )
 
+    async def close(self) -> None:
+        """Close the HTTP connections."""
+        await self._client.close()
+
     async def chat(
         self,
         messages: list[Message],
         *,
         tools: list[dict] | None = None,
-        sampling: dict[str, Any],
-        sample_key: str = "",
-    ) -> Reply:
-        """One assistant turn for ``messages``; raises :class:`RequestFailed`."""
+        sampling: SamplingConfig | dict | None = None,
+        session_id: str | None = None,
+        seed: int | None = None,
+    ) -> Sample:
+        """One assistant turn for ``messages`` (not trainable); raises :class:`RequestFailed`."""
+        params = SamplingConfig.of(sampling)
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+        }
+        if seed is not None:
+            kwargs["seed"] = seed
+        if params.stop:
+            kwargs["stop"] = list(params.stop)
+        if tools:
+            kwargs["tools"] = tools
         attempt = 0
         while True:
             attempt += 1
             await self.limiter.wait()
             try:
-                return await self._once(messages, tools, sampling, sample_key, attempt)
+                return await self._once(kwargs, session_id or "", attempt)
             except RequestFailed as exc:
                 if exc.reason not in RETRYABLE or attempt > self.max_retries:
                     raise
             # Exponential backoff, so a rate-limited endpoint gets room to recover.
             await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
 
-    async def _once(
+    async def generate(
         self,
-        messages: list[Message],
-        tools: list[dict] | None,
-        sampling: dict[str, Any],
-        sample_key: str,
-        attempt: int,
-    ) -> Reply:
+        prompt_ids: list[int],
+        *,
+        sampling: SamplingConfig | dict | None = None,
+        session_id: str | None = None,
+        seed: int | None = None,
+    ) -> Sample:
+        """Not available: an OpenAI-compatible API takes messages, not token ids."""
+        raise InferenceError(
+            "OpenAIClient cannot sample from token ids; play the episode in chat mode "
+            "(--agent-mode chat), or serve the model with Vime for token-in sampling"
+        )
+
+    async def _once(self, kwargs: dict[str, Any], session_id: str, attempt: int) -> Sample:
         import openai
 
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages, **sampling}
-        if tools:
-            kwargs["tools"] = tools
         # The headers let server logs (and test stubs) tell samples and their retries apart.
-        headers = {"X-Vime-Sample": sample_key, "X-Vime-Attempt": str(attempt)}
+        headers = {"X-Vime-Sample": session_id, "X-Vime-Attempt": str(attempt)}
         try:
             response = await self._client.chat.completions.create(**kwargs, extra_headers=headers)
         except openai.RateLimitError as exc:
@@ -129,10 +150,10 @@ class EvalClient:
             raise RequestFailed(reason, f"HTTP {exc.status_code}: {_short(exc)}", attempt) from None
         except (openai.APIResponseValidationError, ValueError) as exc:
             raise RequestFailed("malformed_response", _short(exc), attempt) from None
-        return _reply(response, attempt)
+        return _sample(response, attempt)
 
 
-def _reply(response: Any, attempt: int) -> Reply:
+def _sample(response: Any, attempt: int) -> Sample:
     try:
         choice = response.choices[0]
         message = choice.message.model_dump(exclude_none=True)
@@ -142,13 +163,22 @@ def _reply(response: Any, attempt: int) -> Reply:
             f"no choices[0].message in {str(response)[:200]!r} ({exc})",
             attempt,
         ) from None
+    message = {k: v for k, v in message.items() if k in ("content", "tool_calls")}
     message["role"] = "assistant"
-    text = message.get("content") or ""
     if not message.get("tool_calls"):
         message.pop("tool_calls", None)
-    return Reply(message, text, str(choice.finish_reason or ""), attempt)
+    return Sample(
+        message=message,
+        text=message.get("content") or "",
+        finish_reason=str(choice.finish_reason or ""),
+        trainable=False,
+        attempts=attempt,
+    )
 
 
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:300]
+
+
+__all__ = ["OpenAIClient", "RateLimiter", "RequestFailed"]

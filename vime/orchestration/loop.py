@@ -47,7 +47,8 @@ class RLLoop:
         eval_tasks: list[dict[str, Any]],
     ) -> None:
         from vime.agents.template import ChatTemplateRenderer
-        from vime.inference.client import SamplingParams, VimeClient
+        from vime.inference.client import VimeClient
+        from vime.inference.sampling import SamplingConfig
         from vime.rollout import RolloutManager
 
         self.setup = setup
@@ -68,12 +69,12 @@ class RLLoop:
         self.eval_manager = RolloutManager(
             eval_rollout, lambda: client, setup.agent, renderer=renderer
         )
-        self.sampling = SamplingParams(
+        self.sampling = SamplingConfig(
             temperature=self.run.rollout_temperature,
             top_p=self.run.rollout_top_p,
             max_tokens=self.run.rollout_max_response_len,
         )
-        self.eval_sampling = SamplingParams(
+        self.eval_sampling = SamplingConfig(
             temperature=0.0, max_tokens=self.run.rollout_max_response_len
         )
         self.stream = TaskStream(tasks, seed=self.run.seed)

@@ -19,12 +19,13 @@ from typing import Any
 from vime.agents.config import AgentConfig
 from vime.agents.template import ChatTemplateRenderer
 from vime.agents.tool_agent import Episode, describe_error
+from vime.inference.sampling import Sampler, SamplingConfig
 from vime.rollout.config import RolloutConfig
 from vime.rollout.filters import load_hook
 from vime.types import Status, Trajectory
 
 EnvFactory = Callable[[str], Any]
-LLMFactory = Callable[[], Any]
+LLMFactory = Callable[[], Sampler]
 
 
 @dataclass
@@ -89,7 +90,11 @@ class RolloutManager:
             task.cancel()
 
     async def generate(
-        self, tasks: Sequence[dict | int], sampling: Any, *, num_groups: int | None = None
+        self,
+        tasks: Sequence[dict | int],
+        sampling: SamplingConfig,
+        *,
+        num_groups: int | None = None,
     ) -> RolloutBatch:
         """Play ``config.n`` episodes per task until ``num_groups`` groups (default: one per
         task) pass the group filter, launching at most ``ceil(num_groups * over_sampling)``
@@ -149,7 +154,7 @@ class RolloutManager:
             for task in getattr(group_task, "episodes", ()):
                 task.cancel()
 
-    def _launch_group(self, task: dict | int, sampling: Any) -> asyncio.Task:
+    def _launch_group(self, task: dict | int, sampling: SamplingConfig) -> asyncio.Task:
         group_index = self._group_counter
         self._group_counter += 1
         episodes = [
@@ -171,7 +176,7 @@ class RolloutManager:
         return self._per_env[env_id]
 
     async def _episode(
-        self, task: dict | int, group_index: int, sample_index: int, sampling: Any
+        self, task: dict | int, group_index: int, sample_index: int, sampling: SamplingConfig
     ) -> Trajectory:
         # An int asks the env to draw its own task from the seed; a dict is a dataset row.
         row = task if isinstance(task, dict) else None
