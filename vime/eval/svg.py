@@ -1,4 +1,5 @@
-"""Small inline-SVG charts (a line with error bars, a bar chart) for self-contained reports."""
+"""Small inline-SVG charts (a line with error bars, lines over an auto-scaled axis, a bar chart)
+for self-contained reports."""
 
 from __future__ import annotations
 
@@ -63,6 +64,72 @@ def line_chart(
             f'<text x="{px(x):.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle" '
             f'font-size="10">{x:g}</text>'
         )
+    return _frame(title, "".join(parts), x_label, y_label)
+
+
+COLOURS = ("#2a6fdb", "#e07b39", "#3a9d5d", "#b23a48", "#7b5ea7", "#888888")
+
+
+def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About ``count`` round tick values covering [low, high]."""
+    import math
+
+    span = high - low
+    raw = span / max(count - 1, 1)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = math.floor(low / step) * step
+    return [first + i * step for i in range(math.ceil((high - first) / step) + 1)]
+
+
+def series_chart(
+    series: dict[str, list[tuple[float, float]]], *, title: str, x_label: str, y_label: str
+) -> str:
+    """One line per named series over a y axis scaled to the data, with a legend when there
+    are several; each point has a hover title with its exact value."""
+    points = [p for values in series.values() for p in values]
+    if not points:
+        return _frame(title, "", x_label, y_label)
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    low, high = min(ys), max(ys)
+    if high - low < 1e-12:
+        low, high = low - (abs(low) or 1.0) * 0.5, high + (abs(high) or 1.0) * 0.5
+    ticks = _nice_ticks(low, high)
+    low, high = min(low, ticks[0]), max(high, ticks[-1])
+    x0, x1 = min(xs), max(xs)
+    x_span = (x1 - x0) or 1.0
+    plot_w, plot_h = WIDTH - 1.5 * PAD, HEIGHT - 2 * PAD
+
+    def px(x: float) -> float:
+        return PAD + 10 + (x - x0) / x_span * (plot_w - 20)
+
+    def py(y: float) -> float:
+        return HEIGHT - PAD - (y - low) / (high - low) * plot_h
+
+    parts = [
+        f'<text x="{PAD - 6}" y="{py(t) + 4:.1f}" text-anchor="end" font-size="10">{t:.3g}</text>'
+        for t in ticks
+    ]
+    for x in sorted({x0, x1}):
+        parts.append(
+            f'<text x="{px(x):.1f}" y="{HEIGHT - PAD + 14}" text-anchor="middle" '
+            f'font-size="10">{x:g}</text>'
+        )
+    for i, (name, values) in enumerate(series.items()):
+        colour = COLOURS[i % len(COLOURS)]
+        line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in values)
+        parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for x, y in values:
+            parts.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{colour}">'
+                f"<title>{html.escape(name)} at {x:g}: {y:.6g}</title></circle>"
+            )
+        if len(series) > 1:
+            parts.append(
+                f'<text x="{WIDTH - PAD / 2}" y="{40 + 13 * i}" text-anchor="end" font-size="11" '
+                f'fill="{colour}">{html.escape(name)}</text>'
+            )
     return _frame(title, "".join(parts), x_label, y_label)
 
 

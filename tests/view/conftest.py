@@ -1,0 +1,6 @@
+"""The viewer tests import their helpers (synthetic run, browser driver) from this folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
