@@ -1,6 +1,7 @@
 """Advantage estimators against plain float64 loop references and hand-computed cases."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -223,3 +224,25 @@ def test_compute_advantages_dispatches_by_config(name, function):
     rewards = _rewards(8)
     got = compute_advantages(rewards, AdvantageConfig(advantage_estimator=name))
     assert torch.equal(got, function(rewards))
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_ragged_groups_give_each_group_its_own_size(name):
+    # A group of 3 (one member dropped) beside a group of 4: the list form keeps the sizes,
+    # and a group-local estimator gives each group what it gives that group alone.
+    groups = [torch.tensor([1.0, 0.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 0.0])]
+    got = compute_advantages(groups, AdvantageConfig(advantage_estimator=name))
+    assert [g.shape[0] for g in got] == [3, 4]
+    if name != "reinforce_plus_plus_baseline":
+        for group, adv in zip(groups, got, strict=True):
+            alone = compute_advantages(group[None], AdvantageConfig(advantage_estimator=name))
+            assert torch.equal(adv, alone[0])
+
+
+def test_the_registry_declares_which_estimators_need_the_whole_batch():
+    from vime.algorithms.advantages import ESTIMATORS
+
+    whole = {name for name, e in ESTIMATORS.items() if e.whole_batch}
+    assert whole == {"reinforce_plus_plus", "reinforce_plus_plus_baseline"}
+    with pytest.raises(ValueError, match="unknown advantage estimator 'gae'; registered: grpo"):
+        compute_advantages(torch.zeros(1, 2), SimpleNamespace(advantage_estimator="gae"))

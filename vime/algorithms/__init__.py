@@ -12,6 +12,8 @@ _LAZY = {
     "LossConfig": "vime.algorithms.config",
     "AdvantageConfig": "vime.algorithms.config",
     "compute_advantages": "vime.algorithms.advantages",
+    "ESTIMATORS": "vime.algorithms.advantages",
+    "get_estimator": "vime.algorithms.advantages",
     "policy_loss": "vime.algorithms.policy",
     "aggregate_loss": "vime.algorithms.losses",
     "count_loss_units": "vime.algorithms.losses",

@@ -1,11 +1,16 @@
 """Advantage estimators: group baselines (GRPO, Dr.GRPO, RLOO), REINFORCE++ and GAE.
 
-Sequence-level estimators take rewards grouped as ``[num_groups, group_size]`` (the samples
-of one prompt in one row); token-level ones take padded ``[B, T]`` tensors with a loss mask.
+Outcome estimators take rewards grouped per prompt: a ``[num_groups, group_size]`` tensor,
+or a list of 1-D tensors when groups differ in size (members dropped after a failure), and
+return advantages of the same shape. :data:`ESTIMATORS` registers each one that
+``--advantage-estimator`` can select. Token-level functions (GAE, discounted returns,
+whitening) take padded ``[B, T]`` tensors with a loss mask.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,45 +19,86 @@ from torch import Tensor
 if TYPE_CHECKING:
     from vime.algorithms.config import AdvantageConfig
 
+# A [G, N] tensor (equal groups) or one 1-D tensor per group (ragged groups).
+Groups = Tensor | Sequence[Tensor]
 
-def _check_groups(rewards: Tensor, min_size: int, name: str) -> None:
-    if rewards.dim() != 2:
-        raise ValueError(
-            f"{name}: rewards must be grouped as [num_groups, group_size], got shape "
-            f"{tuple(rewards.shape)}; reshape with rewards.view(num_groups, group_size)"
-        )
-    if rewards.shape[1] < min_size:
-        raise ValueError(
-            f"{name}: needs at least {min_size} samples per group, got group_size="
-            f"{rewards.shape[1]}; sample more responses per prompt or use "
-            f"reinforce_plus_plus_advantages, which needs no group"
-        )
+
+def _as_groups(
+    rewards: Groups, min_size: int, name: str
+) -> tuple[list[Tensor], Callable[[list[Tensor]], Groups]]:
+    """The groups of ``rewards`` as 1-D tensors, and how to return results in its shape."""
+    if isinstance(rewards, Tensor):
+        if rewards.dim() != 2:
+            raise ValueError(
+                f"{name}: rewards must be grouped as [num_groups, group_size], got shape "
+                f"{tuple(rewards.shape)}; reshape with rewards.view(num_groups, group_size), "
+                "or pass a list of 1-D group tensors"
+            )
+        groups = list(rewards.unbind(0))
+
+        def pack(out: list[Tensor]) -> Groups:
+            return torch.stack(out) if out else rewards.clone()
+
+    else:
+        groups = [torch.as_tensor(g) for g in rewards]
+        for i, g in enumerate(groups):
+            if g.dim() != 1:
+                raise ValueError(
+                    f"{name}: group {i} must be a 1-D tensor of rewards, got shape {tuple(g.shape)}"
+                )
+
+        def pack(out: list[Tensor]) -> Groups:
+            return out
+
+    for i, g in enumerate(groups):
+        if g.numel() < min_size:
+            raise ValueError(
+                f"{name}: needs at least {min_size} samples per group, got group_size="
+                f"{g.numel()} (group {i}); sample more responses per prompt or use "
+                "reinforce_plus_plus_advantages, which needs no group"
+            )
+    return groups, pack
 
 
 def _centre(rewards: Tensor, baseline: Tensor) -> Tensor:
-    """``rewards - baseline``, exactly 0 in groups whose rewards are all equal (a float mean
-    of equal values can be off by one ulp, which the std division would blow up)."""
-    constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
-    return torch.where(constant, torch.zeros_like(rewards), rewards - baseline)
+    """``rewards - baseline`` of one group, exactly 0 when its rewards are all equal (a float
+    mean of equal values can be off by one ulp, which the std division would blow up)."""
+    if bool((rewards == rewards[0]).all()):
+        return torch.zeros_like(rewards)
+    return rewards - baseline
 
 
-def grpo_advantages(rewards: Tensor, *, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
+def _batch_normalise(groups: list[Tensor], eps: float, name: str) -> list[Tensor]:
+    """``(x - mean(x)) / (std(x) + eps)`` with the statistics of all groups together."""
+    flat = torch.cat(groups) if groups else torch.zeros(0)
+    if flat.numel() < 2:
+        raise ValueError(
+            f"{name}: needs at least 2 rewards in the batch to normalise, got {flat.numel()}"
+        )
+    if bool((flat == flat[0]).all()):  # nothing to tell apart (and no 0/0 with eps=0)
+        return [torch.zeros_like(g) for g in groups]
+    normalised = (flat - flat.mean()) / (flat.std() + eps)
+    return list(normalised.split([g.numel() for g in groups]))
+
+
+def grpo_advantages(rewards: Groups, *, normalize_std: bool = True, eps: float = 1e-6) -> Groups:
     """GRPO advantages (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
-    ``A_i = (r_i - mean(r)) / (std(r) + eps)`` within each group (one row), where std is the
-    unbiased sample standard deviation (Bessel's correction, as in the common implementations).
+    ``A_i = (r_i - mean(r)) / (std(r) + eps)`` within each group, where std is the unbiased
+    sample standard deviation (Bessel's correction, as in the common implementations).
     A group whose rewards are all equal gets exactly zero advantages. With
     ``normalize_std=False`` this is the Dr.GRPO advantage (Liu et al. 2025, "Understanding
     R1-Zero-Like Training", arXiv:2503.20783): ``A_i = r_i - mean(r)``.
     """
-    _check_groups(rewards, 2, "grpo_advantages")
-    centred = _centre(rewards, rewards.mean(dim=1, keepdim=True))
-    if not normalize_std:
-        return centred
-    return centred / (rewards.std(dim=1, keepdim=True) + eps)
+    groups, pack = _as_groups(rewards, 2, "grpo_advantages")
+    out = []
+    for g in groups:
+        centred = _centre(g, g.mean())
+        out.append(centred / (g.std() + eps) if normalize_std else centred)
+    return pack(out)
 
 
-def dr_grpo_advantages(rewards: Tensor) -> Tensor:
+def dr_grpo_advantages(rewards: Groups) -> Groups:
     """Dr.GRPO advantages (Liu et al. 2025, arXiv:2503.20783): ``A_i = r_i - mean(r)``.
 
     Dr.GRPO also drops the per-response length normalisation of the loss: pair it with the
@@ -62,43 +108,44 @@ def dr_grpo_advantages(rewards: Tensor) -> Tensor:
     return grpo_advantages(rewards, normalize_std=False)
 
 
-def rloo_advantages(rewards: Tensor) -> Tensor:
+def rloo_advantages(rewards: Groups) -> Groups:
     """RLOO advantages (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
 
     Each sample's baseline is the mean reward of the *other* samples of its group:
-    ``A_i = r_i - (sum_j r_j - r_i) / (n - 1) = n / (n - 1) * (r_i - mean(r))``.
+    ``A_i = r_i - (sum_j r_j - r_i) / (n - 1) = n / (n - 1) * (r_i - mean(r))``, with ``n``
+    the size of that group.
     """
-    _check_groups(rewards, 2, "rloo_advantages")
-    n = rewards.shape[1]
-    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (n - 1)
-    return _centre(rewards, others_mean)
+    groups, pack = _as_groups(rewards, 2, "rloo_advantages")
+    return pack([_centre(g, (g.sum() - g) / (g.numel() - 1)) for g in groups])
 
 
-def reinforce_plus_plus_advantages(rewards: Tensor, *, eps: float = 1e-6) -> Tensor:
+def reinforce_plus_plus_advantages(rewards: Groups, *, eps: float = 1e-6) -> Groups:
     """REINFORCE++ advantages for outcome rewards (Hu 2025, arXiv:2501.03262).
 
     No per-prompt baseline; the whole batch is normalised at once:
-    ``A_i = (r_i - mean_batch(r)) / (std_batch(r) + eps)``. Any shape is accepted; statistics
-    run over all elements. For per-token rewards (KL penalty in the reward) use
-    :func:`discounted_returns` then :func:`whiten`.
+    ``A_i = (r_i - mean_batch(r)) / (std_batch(r) + eps)`` (unbiased std). A tensor of any
+    shape or a list of groups is accepted; statistics run over all rewards. For per-token
+    rewards (KL penalty in the reward) use :func:`discounted_returns` then :func:`whiten`.
     """
-    if rewards.numel() < 2:
-        raise ValueError(
-            f"reinforce_plus_plus_advantages: needs at least 2 rewards in the batch to "
-            f"normalise, got {rewards.numel()}"
-        )
-    return (rewards - rewards.mean()) / (rewards.std() + eps)
+    name = "reinforce_plus_plus_advantages"
+    if isinstance(rewards, Tensor):
+        return _batch_normalise([rewards.reshape(-1)], eps, name)[0].view_as(rewards)
+    groups, pack = _as_groups(rewards, 1, name)
+    return pack(_batch_normalise(groups, eps, name))
 
 
-def reinforce_plus_plus_baseline_advantages(rewards: Tensor, *, eps: float = 1e-6) -> Tensor:
+def reinforce_plus_plus_baseline_advantages(rewards: Groups, *, eps: float = 1e-6) -> Groups:
     """REINFORCE++-baseline advantages (Hu 2025, arXiv:2501.03262, group-baseline variant).
 
-    Subtract the group mean, then normalise by the statistics of the whole batch:
-    ``a_i = r_i - mean_group(r)``, ``A_i = (a_i - mean_batch(a)) / (std_batch(a) + eps)``.
+    Subtract each group's mean, then normalise by the statistics of the *whole batch* of
+    centred rewards: ``a_i = r_i - mean_group(r)``,
+    ``A_i = (a_i - mean_batch(a)) / (std_batch(a) + eps)`` (unbiased std over every sample
+    of every group). Calling it one group at a time gives GRPO's per-group z-scores instead.
     """
-    _check_groups(rewards, 2, "reinforce_plus_plus_baseline_advantages")
-    centred = _centre(rewards, rewards.mean(dim=1, keepdim=True))
-    return (centred - centred.mean()) / (centred.std() + eps)
+    name = "reinforce_plus_plus_baseline_advantages"
+    groups, pack = _as_groups(rewards, 2, name)
+    centred = [_centre(g, g.mean()) for g in groups]
+    return pack(_batch_normalise(centred, eps, name))
 
 
 def whiten(values: Tensor, mask: Tensor, *, eps: float = 1e-6) -> Tensor:
@@ -182,18 +229,86 @@ def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:
     return flat[:, None] * mask.to(flat.dtype)
 
 
-def compute_advantages(rewards: Tensor, config: AdvantageConfig) -> Tensor:
-    """Advantages ``[num_groups, group_size]`` of grouped outcome rewards with the estimator
-    that ``config.advantage_estimator`` names (see the functions above for the formulas)."""
-    name, eps = config.advantage_estimator, config.advantage_eps
-    if name == "grpo":
-        return grpo_advantages(rewards, eps=eps)
-    if name == "dr_grpo":
-        return dr_grpo_advantages(rewards)
-    if name == "rloo":
-        return rloo_advantages(rewards)
-    if name == "reinforce_plus_plus":
-        return reinforce_plus_plus_advantages(rewards, eps=eps)
-    if name == "reinforce_plus_plus_baseline":
-        return reinforce_plus_plus_baseline_advantages(rewards, eps=eps)
-    raise ValueError(f"compute_advantages: unknown estimator {name!r}")
+@dataclass(frozen=True)
+class Estimator:
+    """An outcome advantage estimator that ``--advantage-estimator NAME`` selects.
+
+    ``fn(groups, eps)`` maps one 1-D reward tensor per group (sizes may differ) to advantages
+    of the same shapes. ``whole_batch``: the result of a group depends on the other groups
+    (batch statistics), so every group of a step must be passed in one call.
+    ``min_group_size``: members a group needs after failed episodes are dropped.
+    """
+
+    name: str
+    fn: Callable[[list[Tensor], float], list[Tensor]]
+    whole_batch: bool
+    min_group_size: int
+    summary: str
+
+
+# The one registry of estimators: a new estimator is a function above and a line here.
+ESTIMATORS: dict[str, Estimator] = {
+    e.name: e
+    for e in (
+        Estimator(
+            "grpo",
+            lambda g, eps: grpo_advantages(g, eps=eps),
+            whole_batch=False,
+            min_group_size=2,
+            summary="(r - mean_group) / (std_group + eps)",
+        ),
+        Estimator(
+            "dr_grpo",
+            lambda g, eps: dr_grpo_advantages(g),
+            whole_batch=False,
+            min_group_size=2,
+            summary="r - mean_group",
+        ),
+        Estimator(
+            "rloo",
+            lambda g, eps: rloo_advantages(g),
+            whole_batch=False,
+            min_group_size=2,
+            summary="r - mean of the other samples of the group",
+        ),
+        Estimator(
+            "reinforce_plus_plus",
+            lambda g, eps: reinforce_plus_plus_advantages(g, eps=eps),
+            whole_batch=True,
+            min_group_size=1,
+            summary="(r - mean_batch) / (std_batch + eps)",
+        ),
+        Estimator(
+            "reinforce_plus_plus_baseline",
+            lambda g, eps: reinforce_plus_plus_baseline_advantages(g, eps=eps),
+            whole_batch=True,
+            min_group_size=2,
+            summary="a = r - mean_group; (a - mean_batch(a)) / (std_batch(a) + eps)",
+        ),
+    )
+}
+
+
+def get_estimator(name: str) -> Estimator:
+    """The registered estimator ``name``; a ``ValueError`` lists the registered names."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; registered: {', '.join(ESTIMATORS)}"
+        ) from None
+
+
+def compute_advantages(rewards: Groups, config: AdvantageConfig) -> Groups:
+    """Advantages of grouped outcome rewards (a ``[G, N]`` tensor or a list of 1-D group
+    tensors, returned in the same form) with the estimator ``config.advantage_estimator``
+    names; every group is passed at once, as whole-batch estimators need."""
+    estimator = get_estimator(config.advantage_estimator)
+    if isinstance(rewards, Tensor):
+        if rewards.dim() != 2:
+            raise ValueError(
+                f"compute_advantages: rewards must be [num_groups, group_size] or a list of "
+                f"groups, got shape {tuple(rewards.shape)}"
+            )
+        return torch.stack(estimator.fn(list(rewards.unbind(0)), config.advantage_eps))
+    return estimator.fn([torch.as_tensor(g) for g in rewards], config.advantage_eps)

@@ -105,17 +105,42 @@ class LossConfig:
         )
 
 
+class _RegisteredEstimators:
+    """The names in :data:`vime.algorithms.advantages.ESTIMATORS`, read only when argparse
+    checks a value or prints help (so building the flags does not import torch)."""
+
+    def _names(self) -> list[str]:
+        from vime.algorithms.advantages import ESTIMATORS
+
+        return list(ESTIMATORS)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+
 @dataclass(frozen=True)
 class AdvantageConfig:
     """Advantage estimator for outcome rewards grouped per prompt."""
 
-    advantage_estimator: Literal[
-        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
-    ] = option("grpo", help="how rewards of a group of samples become advantages")
+    advantage_estimator: str = option(
+        "grpo",
+        help="how rewards of a group of samples become advantages (docs/algorithms.md)",
+        choices=_RegisteredEstimators(),
+    )
     advantage_eps: float = option(
         1e-6, help="added to the std before dividing (grpo, reinforce_plus_plus*)"
     )
 
     def __post_init__(self) -> None:
+        from vime.algorithms.advantages import ESTIMATORS
+
+        if self.advantage_estimator not in ESTIMATORS:
+            raise ConfigError(
+                f"--advantage-estimator {self.advantage_estimator!r} is not registered; "
+                f"choose one of {', '.join(ESTIMATORS)}"
+            )
         if self.advantage_eps < 0:
             raise ConfigError(f"--advantage-eps must be >= 0, got {self.advantage_eps}")

@@ -7,20 +7,34 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vime.types import Status, Trajectory
 
+if TYPE_CHECKING:
+    from vime.algorithms.config import AdvantageConfig
+
 TRAINABLE = (Status.COMPLETED, Status.TRUNCATED)
-GLOBAL_ESTIMATORS = ("reinforce_plus_plus",)
 
 
 @dataclass
 class PreparedBatch:
-    """Trajectories that will train, their advantages, and what was left out and why."""
+    """The training samples of a step, their advantages, and what was left out and why.
+
+    An episode split on chat-template drift (``--drift split``) gives one sample per
+    segment, each with the episode's advantage.
+    """
 
     trajectories: list[Trajectory] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+
+
+def sample_id(trajectory: Trajectory) -> str:
+    """``<task_id>/<sample_index>``, plus ``/seg<i>`` for a segment of a split episode."""
+    base = f"{trajectory.task_id}/{trajectory.sample_index}"
+    segment = trajectory.metadata.get("segment")
+    return base if segment is None else f"{base}/seg{segment}"
 
 
 def staleness(trajectory: Trajectory, current_version: int) -> int:
@@ -35,59 +49,71 @@ def staleness(trajectory: Trajectory, current_version: int) -> int:
     return current_version - min(versions) if versions else 0
 
 
+def _trainable_samples(episode: Trajectory) -> list[Trajectory]:
+    """The segments of an episode that have sampled tokens (one unless it was split)."""
+    from vime.agents.trajectory import training_samples
+
+    return [s for s in training_samples(episode) if any(s.loss_mask)]
+
+
 def prepare_batch(
     groups: Sequence[Sequence[Trajectory]],
-    advantage_config: object,
+    advantage_config: AdvantageConfig,
     *,
     current_version: int = 0,
     max_staleness: int | None = None,
 ) -> PreparedBatch:
-    """Keep trainable, fresh-enough trajectories and give each its advantage.
+    """Keep trainable, fresh-enough episodes, give each its advantage, and expand each into
+    its training samples.
 
-    A failed or aborted episode cannot train (its reward means nothing); a trajectory with no
-    sampled token has nothing to learn from; in async mode one staler than ``max_staleness``
-    versions is not admitted. Group estimators need two members left in a group.
+    A failed or aborted episode cannot train (its reward means nothing); one with no
+    sampled token has nothing to learn from; in async mode one staler than
+    ``max_staleness`` versions is not admitted. A group keeps training only with the
+    estimator's ``min_group_size`` members left; groups may differ in size. A whole-batch
+    estimator sees every kept group in one call.
     """
     import torch
 
-    from vime.algorithms.advantages import compute_advantages
+    from vime.algorithms.advantages import get_estimator
 
+    estimator = get_estimator(advantage_config.advantage_estimator)
     out = PreparedBatch()
 
     def drop(reason: str, n: int = 1) -> None:
         out.dropped[reason] = out.dropped.get(reason, 0) + n
 
-    kept_groups: list[list[Trajectory]] = []
+    kept_groups: list[list[tuple[Trajectory, list[Trajectory]]]] = []
     for group in groups:
         kept = []
         for t in group:
+            samples = _trainable_samples(t) if t.status in TRAINABLE else []
             if t.status not in TRAINABLE:
                 drop(f"status_{t.status}")
-            elif not any(t.loss_mask):
+            elif not samples:
                 drop("no_sampled_tokens")
-            elif max_staleness is not None and staleness(t, current_version) > max_staleness:
+            elif max_staleness is not None and any(
+                staleness(s, current_version) > max_staleness for s in samples
+            ):
                 drop("stale")
             else:
-                kept.append(t)
-        if len(kept) >= 2 or (kept and advantage_config.advantage_estimator in GLOBAL_ESTIMATORS):
+                kept.append((t, samples))
+        if len(kept) >= estimator.min_group_size:
             kept_groups.append(kept)
         elif kept:
             drop("group_too_small", len(kept))
-    if not kept_groups:
+    rewards = [torch.tensor([t.reward for t, _ in g], dtype=torch.float64) for g in kept_groups]
+    if estimator.whole_batch and sum(r.numel() for r in rewards) == 1:
+        drop("batch_too_small")  # batch statistics need two rewards
         return out
-    name = advantage_config.advantage_estimator
-    if name in GLOBAL_ESTIMATORS:
-        flat = [t for g in kept_groups for t in g]
-        adv = compute_advantages(
-            torch.tensor([[t.reward for t in flat]], dtype=torch.float64), advantage_config
-        )
-        out.trajectories, out.advantages = flat, adv[0].tolist()
-        return out
-    for group in kept_groups:
-        rewards = torch.tensor([[t.reward for t in group]], dtype=torch.float64)
-        adv = compute_advantages(rewards, advantage_config)[0].tolist()
-        out.trajectories += group
-        out.advantages += adv
+    eps = advantage_config.advantage_eps
+    if estimator.whole_batch:
+        advantages = estimator.fn(rewards, eps) if rewards else []
+    else:
+        advantages = [estimator.fn([r], eps)[0] for r in rewards]
+    for group, group_adv in zip(kept_groups, advantages, strict=True):
+        for (_, samples), adv in zip(group, group_adv.tolist(), strict=True):
+            out.trajectories += samples
+            out.advantages += [adv] * len(samples)
     return out
 
 

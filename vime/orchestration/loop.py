@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vime.errors import VimeError
-from vime.orchestration.batching import PreparedBatch, prepare_batch, rollout_metrics
+from vime.orchestration.batching import PreparedBatch, prepare_batch, rollout_metrics, sample_id
 from vime.orchestration.cluster import Cluster
 from vime.orchestration.metrics_log import MetricsLogger
 from vime.orchestration.run_state import (
@@ -158,7 +158,7 @@ class RLLoop:
             )
             return metrics
         samples = [
-            TrainSample.from_trajectory(t, a, sample_id=t.task_id + f"/{t.sample_index}")
+            TrainSample.from_trajectory(t, a, sample_id=sample_id(t))
             for t, a in zip(prepared.trajectories, prepared.advantages, strict=True)
         ]
         t0 = time.perf_counter()
