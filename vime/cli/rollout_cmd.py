@@ -137,6 +137,7 @@ async def _play(args, rollout, agent, sampling, tasks, base_url: str, model: str
 
     from tqdm import tqdm
 
+    from vime.eval.scoring import score
     from vime.inference.client import VimeClient
     from vime.rollout import RolloutManager, write_jsonl
 
@@ -159,12 +160,12 @@ async def _play(args, rollout, agent, sampling, tasks, base_url: str, model: str
         for group in groups:
             write_jsonl(group, output, group_kept=kept)
     m = batch.metrics
+    summary = score([t for g in batch.groups + batch.dropped for t in g])
     print(
         f"vime: {int(m['episodes'])} episodes ({int(m['status/completed'])} completed, "
         f"{int(m['status/truncated'])} truncated, {int(m['status/failed'])} failed), "
-        f"{int(m['turns'])} turns, mean reward "
-        f"{sum(t.reward for t in batch.trajectories) / max(len(batch.trajectories), 1):.3f}, "
-        f"drift {int(m['drift_count'])}; wrote {output}",
+        f"{int(m['turns'])} turns, pass@1 {summary['pass@1']:.4f}, mean reward "
+        f"{summary['mean_reward']:.4f}, drift {int(m['drift_count'])}; wrote {output}",
         file=sys.stderr,
     )
     return 0

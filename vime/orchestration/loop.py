@@ -200,18 +200,19 @@ class RLLoop:
             self.export(step)
 
     async def evaluate(self) -> dict[str, float]:
-        """Greedy pass@1 and mean reward on the held-out tasks."""
+        """Greedy pass@1 and mean reward on the held-out tasks, as ``vime eval`` scores them
+        (a failed episode counts as incorrect, with reward 0)."""
+        from vime.eval.scoring import score
+
         if not self.eval_set:
             return {}
         t = time.perf_counter()
         batch = await self.eval_manager.generate(self.eval_set, self.eval_sampling)
-        finished = [t for t in batch.trajectories if t.error is None]
-        rewards = [t.reward for t in finished]
-        correct = [float(t.metrics.get("correct", t.reward > 0)) for t in finished]
+        summary = score(batch.trajectories + [t for g in batch.dropped for t in g])
         return {
-            "eval/mean_reward": sum(rewards) / max(len(rewards), 1),
-            "eval/pass@1": sum(correct) / max(len(correct), 1),
-            "eval/failed": float(len(batch.trajectories) - len(finished)),
+            "eval/mean_reward": summary["mean_reward"],
+            "eval/pass@1": summary["pass@1"],
+            "eval/failed": float(summary["num_failed"]),
             "time/eval_s": time.perf_counter() - t,
         }
 
