@@ -184,3 +184,17 @@ def test_entropy_bonus_and_kl_term_use_the_packed_per_token_values(untied_qwen3)
     assert metrics["loss"] == pytest.approx(
         expected["loss"] - 0.01 * expected["policy/entropy"], abs=1e-5
     )
+
+
+def test_step_logprobs_are_the_trained_samples_under_the_weights_before_the_step(untied_qwen3):
+    trainer = TorchTrainer(config(untied_qwen3, lr=1e-2, max_tokens_per_micro_batch=40))
+    assert trainer.step_logprobs() == []
+    batch = make_batch(4)
+    before = trainer.compute_logprobs(batch)
+    trainer.train_step(batch)
+    kept = trainer.step_logprobs()
+    assert [len(lp) for lp in kept] == [s.num_tokens for s in batch]
+    for a, b in zip(before, kept, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    after = trainer.compute_logprobs(batch)
+    assert float((after[0] - kept[0]).abs().max()) > 1e-3  # the step moved the policy

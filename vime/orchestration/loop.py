@@ -167,6 +167,10 @@ class RLLoop:
         train_metrics = self.cluster.trainer_call("train_step", TrainBatch(samples))
         metrics["time/train_s"] = time.perf_counter() - t0
         metrics.update(_prefixed(train_metrics, "train/"))
+        if self.run.dump_trajectories:
+            _keep_trainer_logprobs(
+                prepared.trajectories, self.cluster.trainer_call("step_logprobs")
+            )
         t1 = time.perf_counter()
         self.state.weight_version += 1
         metrics.update(self.cluster.sync_weights(self.state.weight_version))
@@ -288,6 +292,18 @@ class RLLoop:
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {(k if "/" in k else prefix + k): v for k, v in metrics.items()}
+
+
+def _keep_trainer_logprobs(trajectories: list[Trajectory], logprobs: list[Any]) -> None:
+    """Put the trainer's logprobs of each trained sample into its ``metadata`` (key
+    ``trainer_logprobs``, aligned with ``token_ids``, 0.0 outside the loss mask), where the
+    step's dump carries them to ``vime view``; nothing when the backend does not keep them."""
+    if not logprobs:
+        return
+    for t, lps in zip(trajectories, logprobs, strict=True):
+        t.metadata["trainer_logprobs"] = [
+            round(lp, 6) if m else 0.0 for lp, m in zip(lps.tolist(), t.loss_mask, strict=True)
+        ]
 
 
 def _truncate_lines(path: Path, keep: int) -> None:

@@ -85,6 +85,10 @@ class TrainerWorker:
         """The current policy's per-token logprobs."""
         return self.trainer.compute_logprobs(batch)
 
+    def step_logprobs(self) -> list[Any]:
+        """The last train step's per-token logprobs before its update (collective)."""
+        return self.trainer.step_logprobs()
+
     def export_to_folder(self, folder: str) -> str | None:
         """Write the full weights as safetensors buckets into ``folder`` (rank 0 only)."""
         from vime.inference.weights import write_weights

@@ -121,6 +121,12 @@ class Trainer(abc.ABC):
         Metrics include at least ``loss``, ``grad_norm``, ``lr`` and ``tokens_per_s``.
         """
 
+    def step_logprobs(self) -> list[torch.Tensor]:
+        """Per-token logprobs of the last ``train_step``'s samples under the weights before its
+        update (what the loss compared with the rollout's), in batch order; collective like
+        ``compute_logprobs``. Empty when the backend does not keep them."""
+        return []
+
     @abc.abstractmethod
     def export_weights(
         self, bucket_bytes: int = DEFAULT_BUCKET_BYTES

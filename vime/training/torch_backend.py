@@ -64,6 +64,8 @@ class TorchTrainer(Trainer):
 
         self.optimizer, self.schedule = build_optimizer(self.model, config)
         self._weight_version = 0
+        self._step_logprobs: dict[int, torch.Tensor] = {}  # of the last train_step
+        self._step_size = 0
 
     def _load_model(self) -> torch.nn.Module:
         import torch
@@ -149,7 +151,6 @@ class TorchTrainer(Trainer):
     def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
         """Current-policy logprobs per sample (float32, CPU), identical on every rank."""
         import torch
-        import torch.distributed as dist
 
         if not batch.samples:
             return []
@@ -162,12 +163,22 @@ class TorchTrainer(Trainer):
                 if not mb.dummy:
                     for i, lp in zip(mb.indices, logprobs, strict=True):
                         mine[i] = lp.float().cpu()
+        return self._gathered(mine, len(batch))
+
+    def _gathered(self, mine: dict[int, torch.Tensor], n: int) -> list[torch.Tensor]:
+        """Per-sample tensors in batch order from this rank's share, on every rank."""
+        import torch.distributed as dist
+
         if self.distributed:
             gathered: list[Any] = [None] * self.world_size
             dist.all_gather_object(gathered, mine)
             for part in gathered:
                 mine.update(part)
-        return [mine[i] for i in range(len(batch))]
+        return [mine[i] for i in range(n)]
+
+    def step_logprobs(self) -> list[torch.Tensor]:
+        """See :meth:`Trainer.step_logprobs`: kept from the loss's own forward, no extra pass."""
+        return self._gathered(dict(self._step_logprobs), self._step_size)
 
     # ---- training --------------------------------------------------------------------------
 
@@ -205,6 +216,8 @@ class TorchTrainer(Trainer):
         per_seq = self._token_logprobs(logits, inputs)
         if mb.dummy:
             return torch.cat(per_seq).sum() * 0.0  # joins the collectives, adds no gradient
+        for i, lp in zip(mb.indices, per_seq, strict=True):
+            self._step_logprobs[i] = lp.detach().float().cpu()
         chosen = [samples[i] for i in mb.indices]
         starts = inputs.cu_seqlens[:-1]
         mask = pad_sequence(
@@ -254,6 +267,8 @@ class TorchTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         sums = MetricSums()
         plan = self._plan(batch)
+        self._step_logprobs = {}
+        self._step_size = len(batch)
         loss_total = 0.0
         for mb in plan:
             loss = self._micro_batch_loss(batch.samples, mb, scale_tokens, scale_seqs, sums)
