@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import vime.view
 from vime.cli.main import main
 
 PYTHON = sys.executable
@@ -54,6 +55,9 @@ async def test_api_key_comes_from_the_environment_and_is_never_written(
         assert "sk-secret" not in path.read_text(), path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["pass@2"] == 1.0 and summary["num_failed"] == 0
+    # The printed viewer command opens this very output dir.
+    assert f"vime: browse the samples: vime view {out}" in stderr.decode()
+    assert vime.view.build(out)[1].index["task"] == [task for task, _ in keys(out)]
 
 
 @pytest.mark.slow  # two CLI runs with math grading: 40 s on a loaded 2-core machine

@@ -50,3 +50,4 @@ def test_summary_of_a_run_without_steps_names_only_the_outputs(tmp_path: Path) -
     assert summary["reward_first"] is None and summary["eval_last"] is None
     assert "reward:" not in summary["text"] and "time per phase" not in summary["text"]
     assert f"trajectory dumps: {tmp_path / 'trajectories'}" in summary["text"]
+    assert f"browse the run: vime view {tmp_path}" in summary["text"]

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict, output: str) -> None:
+    import shlex
     import sys
 
     names = [k for k in summary if k.startswith(("pass@", "maj@")) and not k.endswith("_ci")]
@@ -105,3 +106,4 @@ def _print_summary(summary: dict, output: str) -> None:
         file=sys.stderr,
     )
     print(f"vime: wrote {output}/summary.json, report.md, report.html", file=sys.stderr)
+    print(f"vime: browse the samples: vime view {shlex.quote(output)}", file=sys.stderr)

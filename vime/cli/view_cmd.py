@@ -40,13 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address of --serve")
 
 
-def view_command(path: str) -> str:
-    """The shell command that opens the viewer on ``path`` (printed by train and eval)."""
-    import shlex
-
-    return f"vime view {shlex.quote(str(path))}"
-
-
 def run(args: argparse.Namespace) -> int:
     """Write the page, or serve it until interrupted."""
     import os

@@ -3,6 +3,7 @@ start vs the end, where the time went, and where the outputs are."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ def run_summary(
         text.append("time per phase: " + ", ".join(parts))
     text.append(f"TensorBoard logs: {tensorboard_dir}  (tensorboard --logdir {tensorboard_dir})")
     text.append(f"trajectory dumps: {out / 'trajectories'}")
+    text.append(f"browse the run: vime view {shlex.quote(str(out))}")
     text.append(f"checkpoints: {out / 'checkpoints'}; exported HF model: {out / 'exports'}")
     summary["text"] = "\n".join(text)
     return summary
