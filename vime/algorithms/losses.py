@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+from vime.algorithms.config import AggMode, clip_range
 
-# exp() of a log-ratio above this overflows float32 gradients; such tokens are clipped anyway.
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
+
+# Bound on the log-ratios whose exp() feeds only metrics or a constant (clipped) loss: a larger
+# one could overflow float32, and 0 * inf in the backward of an unselected branch is NaN.
 MAX_LOG_RATIO = 20.0
 
 
@@ -53,31 +57,40 @@ def _check_eps(eps_low: float, eps_high: float, dual_clip: float | None) -> None
 
 
 def _clipped_surrogate(
-    ratio: Tensor,
+    log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
     eps_low: float,
     eps_high: float,
     dual_clip: float | None,
 ) -> PolicyLossOutput:
-    """``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)``, with dual clip for A < 0.
+    """``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)`` with ``r = exp(log_ratio)``, and dual
+    clip for A < 0.
 
     Written with explicit conditions rather than ``max``/``clamp`` so that a clipped token's
     loss is a constant (gradient exactly zero) and the thresholds themselves are unclipped.
+    Where the loss depends on the ratio (A != 0 and not clipped) the ratio is exact: for
+    A < 0 without dual clip PPO's loss grows without bound as ``r`` does, and so does its
+    gradient (in float32 ``r`` overflows past a log-ratio of 88, which needs a token that
+    the old policy gave a probability below e^-88). Elsewhere the ratio, which then only
+    feeds metrics, comes from the log-ratio clamped to +-MAX_LOG_RATIO.
     """
     active = mask.bool()
     pos = (advantages > 0) & active
     neg = (advantages < 0) & active
-    clipped_high = pos & (ratio > 1.0 + eps_high)
-    clipped_low = neg & (ratio < 1.0 - eps_low)
+    with torch.no_grad():
+        exact = torch.exp(log_ratio)  # inf compares correctly; it never reaches a gradient
+    clipped_high = pos & (exact > 1.0 + eps_high)
+    clipped_low = neg & (exact < 1.0 - eps_low)
+    clipped_dual = neg & (exact > (math.inf if dual_clip is None else dual_clip))
+    free = (pos | neg) & ~(clipped_high | clipped_low | clipped_dual)
+    bounded = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    ratio = torch.where(free, torch.exp(torch.where(free, log_ratio, 0.0)), bounded)
     loss = -advantages * ratio
     loss = torch.where(clipped_high, -advantages * (1.0 + eps_high), loss)
     loss = torch.where(clipped_low, -advantages * (1.0 - eps_low), loss)
     if dual_clip is not None:
-        clipped_dual = neg & (ratio > dual_clip)
         loss = torch.where(clipped_dual, -advantages * dual_clip, loss)
-    else:
-        clipped_dual = torch.zeros_like(active)
     loss = torch.where(active, loss, torch.zeros_like(loss))
     return PolicyLossOutput(loss, ratio, clipped_low, clipped_high, clipped_dual)
 
@@ -88,7 +101,7 @@ def ppo_clip_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    eps_low: float = 0.2,
+    eps_low: float | None = None,
     eps_high: float | None = None,
     dual_clip: float | None = None,
 ) -> PolicyLossOutput:
@@ -97,15 +110,17 @@ def ppo_clip_loss(
     ``r_t = exp(logp_t - old_logp_t)``;
     ``loss_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)``.
     ``eps_high > eps_low`` is DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476; they use
-    0.2 / 0.28); ``eps_high=None`` means symmetric. Dual clip (Ye et al. 2020, "Mastering
+    0.2 / 0.28). Unset ranges follow :func:`~vime.algorithms.config.clip_range` (0.2 / 0.2;
+    ``eps_high`` defaults to ``eps_low``). Dual clip (Ye et al. 2020, "Mastering
     Complex Control in MOBA Games", arXiv:1912.09729) bounds the loss for negative
     advantages: ``loss_t = min(loss_t, -c A_t)`` when ``A_t < 0``, i.e. a constant once
-    ``r_t > c``. The log-ratio is clamped to +-20 before ``exp`` to keep float32 finite.
+    ``r_t > c``. Without it the loss of a token with ``A_t < 0`` is ``-A_t r_t`` for every
+    ratio, however large (computed exactly, not clamped).
     """
-    eps_high = eps_low if eps_high is None else eps_high
+    eps_low, eps_high = clip_range("ppo", eps_low, eps_high)
     _check_eps(eps_low, eps_high, dual_clip)
-    ratio = torch.exp(masked_log_ratio(logprobs, old_logprobs, mask))
-    return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
+    log_ratio = masked_log_ratio(logprobs, old_logprobs, mask, math.inf)
+    return _clipped_surrogate(log_ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 
 def gspo_loss(
@@ -114,8 +129,8 @@ def gspo_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    eps_low: float = 3e-4,
-    eps_high: float | None = 4e-4,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
     dual_clip: float | None = None,
 ) -> PolicyLossOutput:
     """GSPO: sequence-level clipped importance ratio (Zheng et al. 2025, arXiv:2507.18071).
@@ -124,19 +139,20 @@ def gspo_loss(
     (the length-normalised ratio), and the clipped surrogate of :func:`ppo_clip_loss` is
     applied with ``s_i`` in place of the token ratio. Implemented as the paper's GSPO-token
     form, ``s_{i,t} = sg[s_i] * exp(logp_{i,t} - sg[logp_{i,t}])``, whose value is ``s_i`` on
-    every token: with ``seq-mean-token-mean`` aggregation and one advantage per sequence the
-    gradient equals GSPO's exactly, and per-token advantages are allowed. Defaults are the
-    paper's clip ranges (3e-4, 4e-4).
+    every token: with ``seq-mean-token-mean`` aggregation (GSPO's own, the default of
+    ``--policy-loss gspo``) and one advantage per sequence the gradient equals GSPO's exactly,
+    and per-token advantages are allowed. Unset ranges follow
+    :func:`~vime.algorithms.config.clip_range`: the paper's 3e-4 / 4e-4, or a symmetric clip
+    when only ``eps_low`` is given.
     """
-    eps_high = eps_low if eps_high is None else eps_high
+    eps_low, eps_high = clip_range("gspo", eps_low, eps_high)
     _check_eps(eps_low, eps_high, dual_clip)
     m = mask.to(logprobs.dtype)
     lengths = m.sum(dim=1).clamp(min=1.0)
     seq_log_ratio = masked_log_ratio(logprobs, old_logprobs, mask, math.inf).sum(dim=1) / lengths
-    seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     token_log_ratio = seq_log_ratio.detach()[:, None] + (logprobs - logprobs.detach())
-    ratio = torch.exp(torch.where(mask.bool(), token_log_ratio, torch.zeros_like(logprobs)))
-    return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
+    log_ratio = torch.where(mask.bool(), token_log_ratio, torch.zeros_like(logprobs))
+    return _clipped_surrogate(log_ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 
 def value_loss(
