@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import os
 import threading
 import weakref
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import gymnasium
+from vime.envs.grading import GraderCrashed, GraderTimeout
 from vime.envs.spaces import AssistantMessage, ChatMessages, message_problem
 from vime.envs.tools import Tool, ToolOutcome, execute_tool_calls
 
@@ -21,6 +23,7 @@ from vime.errors import EnvError
 from vime.types import Message
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
 
 # --- the bounded pool that runs sync envs for areset/astep -------------------------------------
@@ -189,8 +192,12 @@ class Env(gymnasium.Env[list[Message], Message | str]):
 
         A str is parsed with this env's ``tool_parser``; so is the content of a dict that has no
         ``tool_calls`` key (a model served without a tool parser). A dict that has the key is
-        trusted as parsed. Anything else is a programming error and raises :class:`EnvError`.
+        trusted as parsed. An env without tools parses nothing: a reply that mentions
+        ``<tool_call>`` is all content. Anything else is a programming error and raises
+        :class:`EnvError`.
         """
+        if isinstance(action, str) and not self.tools:
+            return {"role": "assistant", "content": action}
         if isinstance(action, str):
             from vime.tool_parsers import get_parser, to_assistant_message
 
@@ -313,7 +320,10 @@ class ToolEnv(Env):
     """An :class:`Env` whose assistant turns with tool calls run the tools by themselves.
 
     A turn with tool calls returns the tool messages, reward 0 and the tool metrics; a turn
-    without them goes to :meth:`answer`, which subclasses write (with ``reset``).
+    without them goes to :meth:`answer`, which subclasses write (with ``reset``). An
+    ``answer`` that grades untrusted text with heavy work can be marked
+    ``@vime.heavy(timeout=...)``: it then runs in a killable grading worker, and past its time
+    limit the turn scores 0, ends the episode and reports ``info["grader_timeout"]``.
     """
 
     def answer(self, message: Message) -> StepResult:
@@ -337,7 +347,12 @@ class ToolEnv(Env):
         return await run_in_env_thread(self._answer, message)
 
     def _answer(self, message: Message) -> StepResult:
-        observation, reward, terminated, truncated, info = self.answer(message)
+        try:
+            observation, reward, terminated, truncated, info = self.answer(message)
+        except (GraderTimeout, GraderCrashed) as exc:  # a heavy answer() (vime.heavy) failed
+            log.warning("%s.answer: %s; the answer scores 0", type(self).__name__, exc)
+            key = "grader_timeout" if isinstance(exc, GraderTimeout) else "grader_crashed"
+            observation, reward, terminated, truncated, info = [], 0.0, True, False, {key: 1.0}
         return (
             observation,
             reward,

@@ -3,61 +3,60 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 from vime.envs.arithmetic import DIFFICULTIES, arithmetic_task
 from vime.envs.base import Env
+from vime.envs.grading import GraderCrashed, GraderTimeout, grader_pool, run_graded
+from vime.envs.math_grader import MathGrade, grade
 
 from vime.data import load_tasks, validate_task
 from vime.errors import EnvError
 from vime.types import Message
 
+log = logging.getLogger(__name__)
+
 SYSTEM_PROMPT = "Solve the problem. Put your final answer in \\boxed{}."
-# math-verify's own timeouts use SIGALRM, which fails outside the main thread (envs run in a
-# thread pool), so we turn them off and bound the work by grading only the tail of a reply.
-MAX_GRADED_CHARS = 4000
+ANSWER_TYPES = ("value", "expression")
 
 
-def grade(response: str, gold: str, question: str | None = None) -> tuple[bool, str]:
-    """Whether ``response``'s final answer equals ``gold`` (math-verify), and that answer.
-
-    With ``question``, an answer that only restates one of the question's expressions
-    ("1 + 6" for "What is 1 + 6?") is wrong: math-verify would evaluate it to the gold value,
-    and a policy learns to echo the question instead of solving it.
-    """
-    from math_verify import parse, verify
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # the "timeout disabled" notice
-    gold_text = gold if "$" in gold or "\\boxed" in gold else f"${gold}$"
-    gold_parsed = parse(gold_text, parsing_timeout=None)
-    predicted = parse(response[-MAX_GRADED_CHARS:], parsing_timeout=None)
-    extracted = str(predicted[-1]) if predicted else ""
-    if not gold_parsed or not predicted:
-        return False, extracted
-    if question is not None and restates_question(extracted, question, gold):
-        return False, extracted
-    return bool(verify(gold_parsed, predicted, timeout_seconds=None)), extracted
-
-
-_NUMBER = re.compile(r"-?\d+(\.\d+)?")
-
-
-def restates_question(extracted: str, question: str, gold: str) -> bool:
-    """Whether ``extracted`` is an expression copied from ``question`` rather than a value.
-
-    Plain numbers and the gold answer itself never count as restatements.
-    """
-    answer = "".join(extracted.split())
-    if not answer or answer == "".join(gold.split()) or _NUMBER.fullmatch(answer):
-        return False
-    return answer in "".join(question.split())
+def grade_reply(text: str, task: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    """Grade reply ``text`` to ``task`` in a grading worker (see :mod:`vime.envs.grading`);
+    returns the info of the step: ``correct``, ``extracted_answer``, ``answer_key`` (what
+    maj@k votes on), ``answer_rejected`` (why a found answer did not score) and
+    ``grader_timeout`` (1.0 when grading ran past ``timeout`` seconds and scored 0)."""
+    info: dict[str, Any] = {"grader_timeout": 0.0}
+    try:
+        result = run_graded(
+            grade,
+            text,
+            str(task["answer"]),
+            str(task["question"]),
+            values_only=task.get("answer_type", "value") == "value",
+            timeout=timeout,
+        )
+    except (GraderTimeout, GraderCrashed) as exc:
+        log.warning("task %s: %s; the answer scores 0", task.get("id"), exc)
+        info["grader_timeout" if isinstance(exc, GraderTimeout) else "grader_crashed"] = 1.0
+        result = MathGrade(False, "", None, "grader_failed")
+    return {
+        "correct": float(result.correct),
+        "extracted_answer": result.extracted,
+        "answer_key": result.answer_key,
+        "answer_rejected": result.rejected,
+        **info,
+    }
 
 
 class MathEnv(Env):
     """Single-turn math: one question, one answer, reward 1.0 when math-verify finds it equal to
-    the task's ``answer`` (``\\boxed{}`` first, else the last number or expression), else 0.0.
+    the task's ``answer`` (the last ``\\boxed{}``, else the last number or expression), else 0.0.
+
+    An answer that still needs evaluating (``6 + 8``) or that offers several values scores 0,
+    unless the task row says ``"answer_type": "expression"`` (see docs/envs.md). Grading runs
+    in a killable worker process; past ``grader_timeout`` seconds it scores 0 and
+    ``info["grader_timeout"]`` is 1.0. The env has no tools and never parses tool calls.
 
     Tasks come from ``options["task"]`` (rows with ``id``, ``question``, ``answer``), else from
     ``tasks`` (a JSONL/Parquet path or a list of rows, drawn with the reset seed), else from a
@@ -70,9 +69,12 @@ class MathEnv(Env):
         tasks: str | Path | list[dict[str, Any]] | None = None,
         difficulty: str = "easy",
         system_prompt: str | None = SYSTEM_PROMPT,
+        grader_timeout: float = 10.0,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        if grader_timeout <= 0:
+            raise ValueError(f"grader_timeout must be > 0 seconds, got {grader_timeout!r}")
         if difficulty not in DIFFICULTIES:
             raise ValueError(
                 f"unknown difficulty {difficulty!r}; choose one of {list(DIFFICULTIES)}"
@@ -87,7 +89,9 @@ class MathEnv(Env):
         self.tasks = tasks
         self.difficulty = difficulty
         self.system_prompt = system_prompt
+        self.grader_timeout = grader_timeout
         self.task: dict[str, Any] | None = None
+        grader_pool()  # start the grading workers now, so the first answer finds them warm
 
     def generate_tasks(self, count: int, *, seed: int) -> list[dict[str, Any]]:
         """``count`` tasks for a training or evaluation run: the env's own task rows, else
@@ -111,6 +115,11 @@ class MathEnv(Env):
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         else:
             self.task = arithmetic_task(self.np_random, self.difficulty)
+        if self.task.get("answer_type", "value") not in ANSWER_TYPES:
+            raise EnvError(
+                f"task {self.task['id']!r}: answer_type must be one of {list(ANSWER_TYPES)}, "
+                f"got {self.task['answer_type']!r}"
+            )
         messages = [{"role": "user", "content": str(self.task["question"])}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -122,10 +131,6 @@ class MathEnv(Env):
             raise EnvError("call reset() before step()")
         content = self.parse_action(action).get("content") or ""
         text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
-        correct, extracted = grade(text, str(self.task["answer"]), str(self.task["question"]))
-        info = {
-            "correct": float(correct),
-            "extracted_answer": extracted,
-            "task_id": self.task["id"],
-        }
-        return [], float(correct), True, False, info
+        info = {**grade_reply(text, self.task, timeout=self.grader_timeout)}
+        info["task_id"] = self.task["id"]
+        return [], info["correct"], True, False, info

@@ -14,6 +14,7 @@ _LAZY = {
     "Env": "vime.envs.base",
     "ToolEnv": "vime.envs.base",
     "tool": "vime.envs.tools",
+    "heavy": "vime.envs.grading",
     "Tool": "vime.envs.tools",
     "make": "vime.envs.registry",
     "register": "vime.envs.registry",

@@ -161,3 +161,90 @@ def test_answers_that_compute_the_value_still_score_one(reply):
 def test_gold_answer_that_appears_in_the_question_is_not_a_restatement():
     task = {"id": "same", "question": "Simplify 1/2 + 0 to 1/2.", "answer": "1/2"}
     assert answer(vime.make("vime/Math-v0"), "\\boxed{1/2}", task=task)[1] == 1.0
+
+
+EIGHT_PLUS_SIX = {"id": "8+6", "question": "What is 8 + 6?", "answer": "14"}
+
+
+@pytest.mark.parametrize(
+    ("task", "reply"),
+    [
+        (EIGHT_PLUS_SIX, "\\boxed{6 + 8}"),
+        (EIGHT_PLUS_SIX, "\\boxed{8 + 6 + 0}"),
+        (EIGHT_PLUS_SIX, "\\boxed{(8 + 6) \\cdot 1}"),
+        (EIGHT_PLUS_SIX, "\\boxed{\\sqrt{196}}"),
+        ({"id": "sq", "question": "What is 12 × 12?", "answer": "144"}, "\\boxed{12 \\times 12}"),
+        ({"id": "3", "question": "What is 17 + 25 + 8?", "answer": "50"}, "\\boxed{42 + 8}"),
+        ({"id": "p", "question": "What is 32 × 32?", "answer": "1024"}, "\\boxed{2^{10}}"),
+    ],
+)
+def test_an_expression_that_still_needs_evaluating_scores_zero(task, reply):
+    _, reward, _, _, info = answer(vime.make("vime/Math-v0"), reply, task=task)
+    assert (reward, info["answer_rejected"]) == (0.0, "not_a_value")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "The answer is 7 or 8.",
+        "\\boxed{7 \\text{ or } 8}",
+        "\\boxed{7}, or maybe \\boxed{8}",
+        "Either \\boxed{8} or \\boxed{7}",
+    ],
+)
+def test_several_different_final_answers_score_zero(reply):
+    task = {"id": "8", "question": "What is 5 + 3?", "answer": "8"}
+    _, reward, _, _, info = answer(vime.make("vime/Math-v0"), reply, task=task)
+    assert (reward, info["answer_rejected"]) == (0.0, "several_answers")
+
+
+def test_the_same_answer_boxed_twice_scores_one():
+    task = {"id": "8", "question": "What is 5 + 3?", "answer": "8"}
+    assert answer(vime.make("vime/Math-v0"), "\\boxed{8}, so: \\boxed{8.0}", task=task)[1] == 1.0
+
+
+def test_a_row_that_asks_for_an_expression_says_so_and_gets_it_graded():
+    task = {
+        "id": "expand",
+        "question": "Write 14 as a sum of two primes.",
+        "answer": "3 + 11",
+        "answer_type": "expression",
+    }
+    env = vime.make("vime/Math-v0")
+    assert answer(env, "\\boxed{11 + 3}", task=task)[1] == 1.0
+    with pytest.raises(EnvError, match="answer_type must be one of"):
+        env.reset(options={"task": {**task, "answer_type": "formula"}})
+
+
+@pytest.mark.parametrize(
+    ("reply", "gold"),
+    [
+        ("\\boxed{5}" + " And that is why." * 600, "5"),  # the box is 9.6 kB from the end
+        ("\\boxed{1.5e3}", "1500"),
+        ("\\boxed{12 dollars}", "12"),
+        ("\\boxed{12\\text{ dollars}}", "12"),
+        ("\\boxed{1.5 \\times 10^{3}}", "1500"),
+        ("\\boxed{-\\frac{3}{4}}", "-0.75"),
+        ("\\boxed{2\\sqrt{3}}", "\\sqrt{12}"),
+        ("\\boxed{x = 1000}", "1000"),
+        ("\\boxed{1,000}", "1000"),
+    ],
+)
+def test_right_answers_in_unusual_forms_score_one(reply, gold):
+    task = {"id": "t", "question": "Compute it.", "answer": gold}
+    assert answer(vime.make("vime/Math-v0"), reply, task=task)[1] == 1.0
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "I can answer this without a <tool_call>: 2 + 3 = \\boxed{5}",
+        "<tool_call> is not needed here. \\boxed{5}",
+        '<tool_call>{"name": "python", "arguments": {}}</tool_call> \\boxed{5}',
+    ],
+)
+def test_a_reply_that_mentions_a_tool_call_tag_is_all_content(reply):
+    task = {"id": "5", "question": "What is 2 + 3?", "answer": "5"}
+    _, reward, _, _, info = answer(vime.make("vime/Math-v0"), reply, task=task)
+    assert reward == 1.0 and "tool_calls" not in info
+    assert vime.make("vime/Math-v0").parse_action(reply) == {"role": "assistant", "content": reply}

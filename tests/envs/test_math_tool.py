@@ -92,9 +92,12 @@ def test_answers_are_graded_with_math_verify_and_end_the_episode(env, tool_call)
     run_python(env, tool_call, "print(2**100)")
     workdir = env.unwrapped.sandbox.box.workdir
     assert workdir.is_dir()
-    _, reward, terminated, _, info = env.step("The answer is \\boxed{2^{100}}")
+    _, reward, terminated, _, info = env.step(f"The answer is \\boxed{{{TASK['answer']}}}")
     assert (reward, terminated, info["correct"]) == (1.0, True, 1.0)
     assert env.unwrapped.sandbox.box is None and not workdir.exists()  # sandbox closed
+    env.reset(options={"task": TASK})
+    _, reward, terminated, _, info = env.step("The answer is \\boxed{2^{100}}")
+    assert (reward, info["answer_rejected"]) == (0.0, "not_a_value")  # the work is left undone
     env.reset(options={"task": TASK})
     _, reward, terminated, _, info = env.step("\\boxed{1267650600228229401496703205377}")
     assert (reward, terminated, info["correct"]) == (0.0, True, 0.0)

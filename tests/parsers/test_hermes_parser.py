@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from vime.tool_parsers import get_parser, to_assistant_message
 from vime.types import ToolCall
 
@@ -116,3 +118,28 @@ def test_assistant_message_reads_back_to_the_same_calls():
         dataclasses.replace(result.calls[0], raw='{"x": 1}'),
         result.calls[1],
     ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I can do this without a <tool_call>: 2 + 3 = \\boxed{5}",
+        "def is_call(s):\n    return s.startswith('<tool_call>')\n",
+        'tags look like "<tool_call>" and </tool_call>',
+    ],
+)
+def test_prose_that_mentions_the_tag_stays_content(text):
+    result = parser.parse(text)
+    assert result.calls == [] and result.content == text.strip()
+
+
+def test_a_mention_does_not_hide_a_real_call_after_it():
+    text = 'No <tool_call> yet.\n<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    result = parser.parse(text)
+    assert result.content == "No <tool_call> yet."
+    assert [(c.name, c.arguments, c.status) for c in result.calls] == [("f", {"x": 1}, "ok")]
+
+
+def test_a_broken_call_still_becomes_a_malformed_call_with_the_reason():
+    (call,) = parser.parse('<tool_call>{"name": "f", "arguments": {"x": </tool_call>').calls
+    assert call.status == "malformed" and "not valid JSON" in call.error

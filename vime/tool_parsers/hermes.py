@@ -25,7 +25,9 @@ class HermesParser(ToolCallParser):
     The JSON object is decoded before looking for ``</tool_call>``, so that tag inside a JSON
     string does not cut the call. A block left open at the end of the text (output cut by
     ``max_tokens``) still counts when its JSON is complete. ``"parameters"`` is accepted for
-    ``"arguments"``.
+    ``"arguments"``. A ``<tool_call>`` tag followed by neither a JSON object nor its closing
+    tag is prose that mentions the tag ("without a <tool_call>", ``'<tool_call>'`` in code)
+    and stays in the content, as in vLLM's parser.
     """
 
     name = "hermes"
@@ -37,6 +39,11 @@ class HermesParser(ToolCallParser):
         calls: list[ToolCall] = []
         pos = 0
         while (start := text.find(OPEN, pos)) >= 0:
+            body = skip_space(text, start + len(OPEN))
+            if not (body == len(text) or text.startswith(("{", CLOSE), body)):
+                pieces.append(text[pos : start + len(OPEN)])  # a mention, not a call
+                pos = start + len(OPEN)
+                continue
             pieces.append(text[pos:start])
             call, pos = self._block(text, start)
             calls.append(call)

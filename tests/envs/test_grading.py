@@ -1,0 +1,191 @@
+"""Grading never blocks the rollout process: graders run in killable worker processes with a
+hard time limit, off the event loop, and the workers never outlive their process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from vime.envs.grading import GraderPool, GraderTimeout, grader_pool, heavy, run_graded
+
+import vime
+
+# 9^(9^9) has about 370 million digits: math-verify would compute it for minutes, holding the GIL.
+HUGE = "\\boxed{9^{9^{9}}}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def slow_square(x: int, seconds: float) -> int:
+    """A grader that takes ``seconds`` (module level, so a worker can import it)."""
+    time.sleep(seconds)
+    return x * x
+
+
+def worker_pid() -> int:
+    return os.getpid()
+
+
+def test_a_graded_call_runs_in_a_worker_process_and_returns_its_result():
+    assert run_graded(slow_square, 7, 0.0, timeout=30) == 49
+    assert run_graded(worker_pid, timeout=30) in grader_pool().pids
+    assert run_graded(worker_pid, timeout=30) != os.getpid()
+
+
+def test_an_exception_of_the_grader_is_raised_to_the_caller():
+    with pytest.raises(ZeroDivisionError) as caught:
+        run_graded(divmod, 1, 0, timeout=30)
+    assert "in the grading worker" in "".join(caught.value.__notes__)
+
+
+def test_a_call_past_its_limit_is_killed_counted_and_its_worker_replaced():
+    pool = GraderPool(1)
+    try:
+        (before,) = [pool.call(worker_pid, timeout=30)]
+        started = time.monotonic()
+        with pytest.raises(GraderTimeout, match=r"past its 0\.5 s limit"):
+            pool.call(pow, 9, 9**9, timeout=0.5)  # big-int power: holds the GIL until done
+        assert time.monotonic() - started < 3
+        assert pool.timeouts == 1
+        assert not _alive(before)  # killed and reaped, not a zombie
+        after = pool.call(worker_pid, timeout=60)  # waits for the replacement to warm up
+        assert after != before and pool.pids == [after]
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_kills_every_worker():
+    pool = GraderPool(2)
+    pool.call(worker_pid, timeout=60)
+    pids = pool.pids
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    pool.shutdown()
+    assert _wait_gone(pids, 5) == []
+
+
+def test_workers_die_with_their_process_even_mid_computation():
+    script = textwrap.dedent(
+        """
+        import os, sys, threading
+        from vime.envs.grading import GraderPool, GraderTimeout
+        pool = GraderPool(2)
+        print(pool.call(os.getpid, timeout=60), flush=True)
+        threading.Thread(target=pool.call, args=(pow, 9, 9**9), kwargs={"timeout": 600}).start()
+        import time; time.sleep(0.5)
+        print(" ".join(map(str, pool.pids)), flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        parent.stdout.readline()
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+    finally:
+        parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the kernel is left
+        parent.wait()
+    assert _wait_gone(pids) == []
+
+
+def test_a_grader_defined_in_main_is_refused_with_the_reason():
+    def local():  # not importable by a worker
+        return 1
+
+    local.__module__ = "__main__"
+    with pytest.raises(vime.errors.EnvError, match="defined in __main__"):
+        run_graded(local, timeout=5)
+
+
+class HeavyAnswerEnv(vime.ToolEnv):
+    """Its answer() is heavy: evaluates the reply as an integer power, like a naive grader."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "What is 2 ** 10?"}], {}
+
+    @heavy(timeout=1.0)
+    def answer(self, message):
+        base, exponent = (int(x) for x in message["content"].split("**"))
+        correct = base**exponent == 1024
+        return [], float(correct), True, False, {"correct": float(correct), "pid": os.getpid()}
+
+
+def test_a_heavy_answer_runs_in_a_worker_and_scores_zero_past_its_limit():
+    env = HeavyAnswerEnv()
+    env.reset()
+    _, reward, terminated, _, info = env.step("2 ** 10")
+    assert (reward, terminated, info["correct"]) == (1.0, True, 1.0)
+    assert info["pid"] != os.getpid()
+    env.reset()
+    started = time.monotonic()
+    _, reward, terminated, _, info = env.step("9 ** 387420489")
+    assert (reward, terminated, info["grader_timeout"]) == (0.0, True, 1.0)
+    assert time.monotonic() - started < 5
+
+
+async def _episodes_with_one_huge_answer(
+    task_of_the_hostile_one: dict, n: int = 32
+) -> tuple[list, float, float]:
+    """Run n Math-v0 episodes concurrently (one answers HUGE); return their results, the longest
+    event-loop stall and the wall time."""
+    ok_task = {"id": "sum", "question": "What is 8 + 6?", "answer": "14"}
+    envs = [vime.make("vime/Math-v0", grader_timeout=2.0) for _ in range(n)]
+    stall = 0.0
+    done = asyncio.Event()
+
+    async def watch_the_loop() -> None:
+        nonlocal stall
+        while not done.is_set():
+            before = time.perf_counter()
+            await asyncio.sleep(0.005)
+            stall = max(stall, time.perf_counter() - before - 0.005)
+
+    async def episode(i: int) -> tuple[float, dict, float]:
+        task = task_of_the_hostile_one if i == 0 else ok_task
+        await envs[i].areset(options={"task": task})
+        _, reward, _, _, info = await envs[i].astep(HUGE if i == 0 else "\\boxed{14}")
+        return reward, info, time.perf_counter() - started
+
+    watcher = asyncio.create_task(watch_the_loop())
+    started = time.perf_counter()
+    results = await asyncio.gather(*(episode(i) for i in range(n)))
+    wall = time.perf_counter() - started
+    done.set()
+    await watcher
+    return results, stall, wall
+
+
+@pytest.mark.parametrize("answer_type", ["value", "expression"])
+async def test_one_huge_answer_neither_stalls_the_loop_nor_delays_other_episodes(answer_type):
+    assert grader_pool().wait_warm(120)  # every worker started, as in a long run
+    hostile = {"id": "pow", "question": "What is 9^9^9?", "answer": "1", "answer_type": answer_type}
+    results, stall, wall = await _episodes_with_one_huge_answer(hostile)
+    print(f"\n[{answer_type}] max event-loop stall {stall * 1000:.1f} ms, wall {wall:.2f} s")
+    (reward, info, _), *others = results
+    assert reward == 0.0
+    if answer_type == "expression":  # no value rule to stop it: math-verify runs, is killed
+        assert info["grader_timeout"] == 1.0
+    else:  # 9^(9^9) is not a value: rejected without evaluating it
+        assert (info["grader_timeout"], info["answer_rejected"]) == (0.0, "not_a_value")
+    assert [r for r, _, _ in others] == [1.0] * 31
+    assert max(t for _, _, t in others) < 1.5  # on time: not behind the 2 s grader limit
+    assert stall < 0.1
