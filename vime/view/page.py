@@ -82,6 +82,8 @@ def write_page(
 <input id="f-reward-max" type="number" step="any" placeholder="max"></label>
 <label>status <select id="f-status"><option value="">any</option></select></label>
 <label>text <input id="f-text" type="search" placeholder="answer, error, task"></label>
+<label title="also search every message and tool call (reads every episode once)">
+<input id="f-deep" type="checkbox"> in whole episodes</label><span id="deep-status"></span>
 <label>sort <select id="f-sort">{options}</select></label>
 <span id="count"></span></div>
 <div id="panes"><div id="list"><div id="list-inner"></div></div>

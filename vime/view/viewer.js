@@ -31,11 +31,12 @@
 
   // ---- filters over the index -------------------------------------------------------------
   const controls = ["f-step-min", "f-step-max", "f-env", "f-task", "f-reward-min", "f-reward-max",
-    "f-status", "f-text", "f-sort"].map($);
+    "f-status", "f-text", "f-deep", "f-sort"].map($);
   for (const [select, names] of [[$("f-env"), idx.envs], [$("f-status"), idx.statuses]]) {
     for (const [code, name] of names.entries()) select.append(el("option", { value: code }, name || "(none)"));
   }
   let haystack = null; // lower-cased searchable text per episode, built on the first text query
+  let fullText = null; // with "whole episodes": every message and tool call, filled chunk by chunk
   let view = new Int32Array(0);
 
   function num(id) {
@@ -68,7 +69,7 @@
       if (rmin !== null && !(r !== null && r >= rmin)) continue;
       if (rmax !== null && !(r !== null && r <= rmax)) continue;
       if (task && !idx.task[i].toLowerCase().includes(task)) continue;
-      if (text && !haystack[i].includes(text)) continue;
+      if (text && !haystack[i].includes(text) && !(fullText && fullText[i] && fullText[i].includes(text))) continue;
       out[n++] = i;
     }
     view = out.slice(0, n);
@@ -144,27 +145,63 @@
     if (!node) throw new Error(`chunk ${n} is missing from the page`);
     return base64Bytes(node.textContent);
   }
-  async function loadChunk(n) {
-    if (!chunks.has(n)) {
-      chunks.set(n, (async () => {
-        const gz = await chunkBytes(n);
-        const stream = new Blob([gz]).stream().pipeThrough(new DecompressionStream("gzip"));
-        const buf = await new Response(stream).arrayBuffer();
-        const dv = new DataView(buf);
-        const len = dv.getUint32(0, true);
-        const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 4, len)));
-        let off = 4 + len;
-        const take = (Type, count) => { const a = new Type(buf, off, count); off += count * Type.BYTES_PER_ELEMENT; return a; };
-        const ids = take(Int32Array, head.n);
-        const lp = take(Float32Array, head.m);
-        const tlp = head.trainer ? take(Float32Array, head.m) : null;
-        const ver = take(Int32Array, head.m);
-        const mask = take(Uint8Array, head.n);
-        return { head, ids, lp, tlp, ver, mask };
-      })());
-    }
+  function loadChunk(n) {
+    if (!chunks.has(n)) chunks.set(n, decodeChunk(n));
     return chunks.get(n);
   }
+  async function decodeChunk(n) {
+    const gz = await chunkBytes(n);
+    const stream = new Blob([gz]).stream().pipeThrough(new DecompressionStream("gzip"));
+    const buf = await new Response(stream).arrayBuffer();
+    const dv = new DataView(buf);
+    const len = dv.getUint32(0, true);
+    const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 4, len)));
+    let off = 4 + len;
+    const take = (Type, count) => { const a = new Type(buf, off, count); off += count * Type.BYTES_PER_ELEMENT; return a; };
+    const ids = take(Int32Array, head.n);
+    const lp = take(Float32Array, head.m);
+    const tlp = head.trainer ? take(Float32Array, head.m) : null;
+    const ver = take(Int32Array, head.m);
+    const mask = take(Uint8Array, head.n);
+    return { head, ids, lp, tlp, ver, mask };
+  }
+
+  // Free text in whole episodes: every chunk is decoded once (and not kept), the text of its
+  // messages and tool calls lower-cased; the list is filtered again once all are read.
+  let scanning = false;
+  async function scanAll() {
+    if (fullText || scanning) return;
+    scanning = true;
+    const texts = new Array(N).fill("");
+    const chunksTotal = Math.ceil(N / meta.chunk_size);
+    for (let c = 0; c < chunksTotal; c++) {
+      const { head } = await decodeChunk(c);
+      head.items.forEach((b, k) => {
+        texts[c * meta.chunk_size + k] = episodeText(b);
+      });
+      if (c % 50 === 49) $("deep-status").textContent = `searching ${Math.round((100 * c) / chunksTotal)}%`;
+    }
+    scanning = false;
+    if (!$("f-deep").checked) return; // unticked while reading
+    fullText = texts;
+    $("deep-status").textContent = "";
+    timings.scanned = performance.now();
+    applyFilters();
+  }
+  function episodeText(b) {
+    const parts = [b.response || "", b.error || ""];
+    for (const m of b.messages || []) {
+      parts.push(contentText(m.content));
+      for (const call of m.tool_calls || []) {
+        const fn = call.function || {};
+        parts.push(String(fn.name || ""), typeof fn.arguments === "string" ? fn.arguments : JSON.stringify(fn.arguments || {}));
+      }
+    }
+    return parts.join("\u0000").toLowerCase();
+  }
+  $("f-deep").addEventListener("change", () => {
+    if ($("f-deep").checked) scanAll(); else { fullText = null; applyFilters(); }
+  });
   async function episode(i) {
     const c = await loadChunk(Math.floor(i / meta.chunk_size));
     const body = c.head.items[i % meta.chunk_size];
