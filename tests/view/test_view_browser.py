@@ -199,6 +199,38 @@ def test_served_page_loads_episodes_over_http(browser, run):
         server.server_close()
 
 
+def test_an_eval_page_filters_by_the_task_row_clicked(browser, tmp_path):
+    from vime.eval.report import summarize, write_reports
+
+    rows = [
+        {"task_id": f"t{i}", "sample_index": s, "reward": float(s < i), "correct": s < i,
+         "answer": None, "error": None, "response": f"<i>reply</i> {i}/{s}"}
+        for i in range(4)
+        for s in range(3)
+    ]  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = summarize(
+        [{"id": f"t{i}"} for i in range(4)],
+        {(r["task_id"], r["sample_index"]): r for r in rows},
+        n=3,
+        ks=[1, 3],
+    )
+    identity = {"env": "vime/Math-v0", "model": "m", "n": 3, "temperature": 1.0, "max_tokens": 8}
+    write_reports(tmp_path, summary, identity)
+    browser.errors.clear()
+    browser.open(write_view(tmp_path).as_uri())
+    browser.wait_for("window.vimeTimings && window.vimeTimings.listReady")
+    assert count(browser) == 12
+    browser.js("document.querySelector('.task-link[data-task=\"t2\"]').click()")
+    assert count(browser) == 3
+    browser.js("document.querySelectorAll('#list .row')[1].click()")
+    browser.wait_for("!!document.querySelector('#detail .msg pre')")
+    assert (
+        browser.js("document.querySelector('#detail .msg pre').textContent") == "<i>reply</i> 2/1"
+    )
+    assert browser.errors == []
+
+
 @pytest.mark.slow
 def test_twenty_thousand_episodes_open_and_filter_within_two_seconds(tmp_path, browser):
     """About 150 MB of dumps (50 steps x 100 groups x 4): the page must show the list, answer

@@ -206,3 +206,22 @@ def test_served_page_fetches_chunks_by_number(run):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_vime_view_serve_answers_until_stopped(run):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vime", "view", str(run), "--serve", "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+        url = re.search(r"at (http://\S+/) ", line)[1]
+        assert "60 episodes" in line
+        assert b"vime-meta" in urllib.request.urlopen(url, timeout=10).read()
+    finally:
+        proc.terminate()
+        proc.wait(10)
