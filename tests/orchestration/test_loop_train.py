@@ -94,3 +94,43 @@ def test_every_segment_of_a_split_episode_reaches_the_trainer(tiny_model, tmp_pa
     assert plain.advantages == pytest.approx([0, 0, 0, -a, -a, 0, 0, -a])
     trained = (tmp_path / "trained_samples.jsonl").read_text()
     assert trained.count("t0/0/seg") == 2
+
+
+def _informative_group() -> list[Trajectory]:
+    return [_episode(1.0, 0, drift=False), _episode(0.0, 1, drift=False)]
+
+
+def test_colocated_engines_are_resumed_after_the_weight_push(tiny_model, tmp_path) -> None:
+    cluster = RecordingCluster()
+    loop = _loop(tiny_model, tmp_path, cluster, "--colocate")
+    loop.train([_informative_group()], None)
+    moves = [c for c in cluster.calls if c in ("pause", "train_step", "sync", "resume")]
+    assert moves == ["pause", "train_step", "sync", "resume"]
+    assert not cluster.paused
+
+
+def test_colocated_engines_are_resumed_when_nothing_trains(tiny_model, tmp_path) -> None:
+    # The only group is dropped (its episode failed): no optimizer step and no weights
+    # pushed, and the engines must still be generating afterwards.
+    cluster = RecordingCluster()
+    loop = _loop(tiny_model, tmp_path, cluster, "--colocate")
+    failed = _episode(1.0, 0, drift=False)
+    failed.status = Status.FAILED
+    metrics = loop.train([[failed]], None)
+    assert metrics == {"rollout/dropped_status_failed": 1.0}
+    assert "sync" not in cluster.calls and cluster.calls[-1] == "resume"
+    assert not cluster.paused
+
+
+def test_colocated_engines_are_resumed_when_the_train_step_fails(tiny_model, tmp_path) -> None:
+    cluster = RecordingCluster(fail_train=True)
+    loop = _loop(tiny_model, tmp_path, cluster, "--colocate")
+    with pytest.raises(RuntimeError, match="trainer rank 0 died"):
+        loop.train([_informative_group()], None)
+    assert cluster.calls[-1] == "resume" and not cluster.paused
+
+
+def test_disaggregated_engines_are_never_paused(tiny_model, tmp_path) -> None:
+    cluster = RecordingCluster()
+    _loop(tiny_model, tmp_path, cluster).train([_informative_group()], None)
+    assert "pause" not in cluster.calls and "resume" not in cluster.calls

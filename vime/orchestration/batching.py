@@ -30,7 +30,7 @@ class PreparedBatch:
     dropped: dict[str, int] = field(default_factory=dict)
 
 
-def sample_id(trajectory: Trajectory) -> str:
+def training_sample_id(trajectory: Trajectory) -> str:
     """``<task_id>/<sample_index>``, plus ``/seg<i>`` for a segment of a split episode."""
     base = f"{trajectory.task_id}/{trajectory.sample_index}"
     segment = trajectory.metadata.get("segment")

@@ -168,6 +168,12 @@ class Cluster:
 
         ray.get(self.inference.pause.remote())
 
+    def resume_engines(self) -> None:
+        """Colocated placement: let the engines generate again after a train step."""
+        import ray
+
+        ray.get(self.inference.resume.remote())
+
     def stop(self) -> None:
         """Stop the engines and router, then the actors and placement groups."""
         import ray

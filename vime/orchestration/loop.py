@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from vime.errors import VimeError
-from vime.orchestration.batching import PreparedBatch, prepare_batch, rollout_metrics, sample_id
+from vime.orchestration.batching import (
+    PreparedBatch,
+    prepare_batch,
+    rollout_metrics,
+    training_sample_id,
+)
 from vime.orchestration.cluster import Cluster
 from vime.orchestration.metrics_log import MetricsLogger
 from vime.orchestration.run_state import (
@@ -140,7 +145,19 @@ class RLLoop:
         return batch.groups, metrics, start_position
 
     def train(self, groups: list[list[Trajectory]], max_staleness: int | None) -> dict[str, float]:
-        """Advantages, one optimizer step, weights to the engines; returns metrics."""
+        """Advantages, one optimizer step, weights to the engines; returns metrics.
+
+        Colocated engines are paused while the trainer has the devices and resumed after
+        every step, explicitly: also when nothing trained or no weights were pushed, and
+        when the step failed (a weight update's own resume is not relied on).
+        """
+        try:
+            return self._train(groups, max_staleness)
+        finally:
+            if self.run.colocate:
+                self.cluster.resume_engines()
+
+    def _train(self, groups: list[list[Trajectory]], max_staleness: int | None) -> dict[str, float]:
         from vime.training.batch import TrainBatch, TrainSample
 
         prepared: PreparedBatch = prepare_batch(
@@ -158,7 +175,7 @@ class RLLoop:
             )
             return metrics
         samples = [
-            TrainSample.from_trajectory(t, a, sample_id=sample_id(t))
+            TrainSample.from_trajectory(t, a, sample_id=training_sample_id(t))
             for t, a in zip(prepared.trajectories, prepared.advantages, strict=True)
         ]
         t0 = time.perf_counter()
