@@ -67,11 +67,9 @@ def cpu_shim() -> Iterator[None]:
             setattr(obj, name, value)
 
 
-def run_megatron(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
-    """One rank of a distributed Megatron run on CPU: logprobs, one train step, the export."""
-    from vime.training.base import TrainerConfig
+def signed_batch(token_lists: list[list[int]]) -> Any:
+    """A batch of the given sequences: loss on all but two prompt tokens, advantages +1/-1."""
     from vime.training.batch import TrainBatch, TrainSample
-    from vime.training.megatron.trainer import MegatronTrainer
 
     samples = []
     for i, ids in enumerate(token_lists):
@@ -85,7 +83,15 @@ def run_megatron(folder: str, args: list[str], token_lists: list[list[int]]) -> 
                 rollout_logprobs=[-2.0 * m for m in mask],
             )
         )
-    batch = TrainBatch(samples)
+    return TrainBatch(samples)
+
+
+def run_megatron(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
+    """One rank of a distributed Megatron run on CPU: logprobs, one train step, the export."""
+    from vime.training.base import TrainerConfig
+    from vime.training.megatron.trainer import MegatronTrainer
+
+    batch = signed_batch(token_lists)
     with cpu_shim():
         config = TrainerConfig(hf_checkpoint=folder, backend="megatron", seed=7, lr=1e-3)
         trainer = MegatronTrainer(config, megatron_args=args)
@@ -94,3 +100,46 @@ def run_megatron(folder: str, args: list[str], token_lists: list[list[int]]) -> 
         metrics = trainer.train_step(batch)
         after = [t.tolist() for t in trainer.compute_logprobs(batch)]
     return {"logprobs": logprobs, "exported": exported, "metrics": metrics, "after": after}
+
+
+def _full_on_every_rank(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor made whole through ``convert.unshard``: split ones gathered over the TP group,
+    replicated ones as this rank holds them (so ranks that disagree show it)."""
+    import torch.distributed as dist
+
+    from vime.training.megatron.convert import tp_split_dim, unshard
+
+    tp = dist.get_world_size(trainer.tp_group)
+    out = {}
+    for name, tensor in local.items():
+        tensor = tensor.detach().float().contiguous()
+        if tp > 1 and tp_split_dim(name) is not None:
+            pieces = [torch.empty_like(tensor) for _ in range(tp)]
+            dist.all_gather(pieces, tensor, group=trainer.tp_group)
+            tensor = unshard(name, pieces)
+        out[name] = tensor.clone()
+    return out
+
+
+def run_one_step(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
+    """One rank of one Megatron train step on CPU: the full gradient the optimizer is handed
+    (before clipping), the reported grad norm and loss, and the full weights after the step."""
+    from vime.training.base import TrainerConfig
+    from vime.training.megatron.trainer import MegatronTrainer
+
+    batch = signed_batch(token_lists)
+    with cpu_shim():
+        config = TrainerConfig(hf_checkpoint=folder, backend="megatron", seed=7, lr=1e-3)
+        trainer = MegatronTrainer(config, megatron_args=args)
+        grads: dict[str, torch.Tensor] = {}
+        step = trainer.optimizer.step
+
+        def step_after_snapshot() -> Any:
+            named = trainer.module.named_parameters()
+            grads.update(_full_on_every_rank(trainer, {n: p.main_grad for n, p in named}))
+            return step()
+
+        trainer.optimizer.step = step_after_snapshot
+        metrics = trainer.train_step(batch)
+        weights = _full_on_every_rank(trainer, dict(trainer.module.named_parameters()))
+    return {"grads": grads, "metrics": metrics, "weights": weights}

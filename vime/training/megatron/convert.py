@@ -167,6 +167,12 @@ def tp_split_dim(name: str) -> int | None:
     return None
 
 
+def tp_split_stride(name: str) -> int:
+    """Megatron's ``partition_stride`` of a split weight: 2 for ``linear_fc1``, whose pieces
+    are ``[gate_r; up_r]`` (two strided blocks per rank), else 1."""
+    return 2 if name.endswith("mlp.linear_fc1.weight") else 1
+
+
 def shard(name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
     """Rank ``rank``'s piece of a full Megatron weight under ``tp``-way tensor parallelism."""
     import torch

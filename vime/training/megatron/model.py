@@ -218,6 +218,33 @@ def build_gpt_model(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool = F
         rope_scaling=arch.rope_scaling_factor is not None,
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
     )
+    mark_tensor_parallel(model)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def mark_tensor_parallel(model: torch.nn.Module) -> None:
+    """Give every split weight megatron-core's tensor-parallel attributes.
+
+    megatron-core sets them only while it initialises weights randomly; weights loaded from an
+    HF checkpoint (``perform_initialization=False``) lack them, and its grad norm then counts
+    them on TP rank 0 only (clipping by the wrong norm). The layout comes from the converter,
+    which is what shards the weights.
+    """
+    from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
+
+    from vime.training.megatron.convert import tp_split_dim, tp_split_stride
+
+    for name, param in model.named_parameters():
+        dim = tp_split_dim(name)
+        if dim is None:
+            continue
+        if not hasattr(param, "tensor_model_parallel"):
+            set_tensor_model_parallel_attributes(param, True, dim, tp_split_stride(name))
+        elif (param.partition_dim, param.partition_stride) != (dim, tp_split_stride(name)):
+            raise RuntimeError(
+                f"{name}: Megatron splits it along dim {param.partition_dim} with stride "
+                f"{param.partition_stride}, the converter along {dim} with stride "
+                f"{tp_split_stride(name)}"
+            )

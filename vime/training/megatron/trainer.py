@@ -350,6 +350,8 @@ class MegatronTrainer(Trainer):
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step over the batch; see :meth:`Trainer.train_step`."""
+        from megatron.core.distributed import finalize_model_grads
+
         from vime.algorithms.losses import count_loss_units
 
         if self.optimizer is None:
@@ -376,7 +378,9 @@ class MegatronTrainer(Trainer):
             loss_total += float(loss.detach())
             if metrics and self.tp_rank == 0:
                 sums.add(metrics, weight=metrics["policy/num_tokens"])
-        self.model.finish_grad_sync()
+        # Megatron's own finalisation: the data-parallel reduction, and the sum over TP ranks
+        # of replicated weights that see only their rank's heads (Qwen3's q/k norms).
+        finalize_model_grads([self.model])
         lr = self.schedule.apply_next()
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
