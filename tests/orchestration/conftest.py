@@ -37,7 +37,7 @@ def train_argv(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "vime", "train",
         "--model", str(model), "--env", "parity_env:test/Parity-v0", "--tasks", str(tasks),
         "--output-dir", str(out), "--rollout-batch-size", "2", "--n", "2",
-        "--rollout-max-response-len", "8", "--max-turns", "1", "--lr", "1e-3",
+        "--max-tokens", "8", "--max-turns", "1", "--lr", "1e-3",
         "--vllm-max-model-len", "256", "--vllm-enforce-eager",
         *extra,
     ]  # fmt: skip

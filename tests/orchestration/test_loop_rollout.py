@@ -56,6 +56,7 @@ async def test_over_sampling_gives_the_group_filter_tasks_to_choose_from(
     loop = _loop(tiny_model, stub.url, tmp_path, *flags)
     before = loop.stream.position
     groups, metrics, start = await loop.rollout()
+    await loop.close()
 
     assert start == before and loop.stream.position == before + 4  # 2 wanted x 2.0
     assert len(groups) == 2
@@ -69,6 +70,7 @@ async def test_over_sampling_gives_the_group_filter_tasks_to_choose_from(
 async def test_without_over_sampling_a_step_takes_exactly_its_batch(tiny_model, stub, tmp_path):
     loop = _loop(tiny_model, stub.url, tmp_path)
     groups, metrics, _ = await loop.rollout()
+    await loop.close()
     assert loop.stream.position == 2 and len(groups) == 2
     assert metrics["rollout/episodes"] == 4.0
 
@@ -79,3 +81,4 @@ async def test_a_step_whose_episodes_all_fail_stops_the_run_with_the_first_error
     loop = _loop(tiny_model, "http://127.0.0.1:9/v1", tmp_path, "--episode-timeout", "5")
     with pytest.raises(VimeError, match=r"step 1: all 4 episodes failed; the first error"):
         await loop.rollout()
+    await loop.close()

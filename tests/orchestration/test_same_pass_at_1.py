@@ -66,7 +66,9 @@ async def test_eval_rollout_and_train_report_the_same_pass_at_1(
     argv = ["train", "--model", str(tiny_model), *common[:2], "--output-dir", str(tmp_path)]
     setup = build_setup(parse_args(argv))
     cluster = SimpleNamespace(base_url=stub.url, model_name="stub")
-    trained = await RLLoop(setup, cluster, None, tasks=TASKS, eval_tasks=TASKS).evaluate()
+    loop = RLLoop(setup, cluster, None, tasks=TASKS, eval_tasks=TASKS)
+    trained = await loop.evaluate()
+    await loop.close()
 
     assert evaluated["pass@1"] == pytest.approx(EXPECTED)
     assert float(rolled.group(1)) == pytest.approx(EXPECTED)

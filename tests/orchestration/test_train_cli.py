@@ -17,11 +17,42 @@ def setup_of(*argv: str):
 
 
 def test_one_flag_sets_every_component_that_shares_it() -> None:
-    s = setup_of("--seed", "7", "--rollout-temperature", "0.7", "--vllm-max-model-len", "512")
+    s = setup_of("--seed", "7", "--temperature", "0.7", "--vllm-max-model-len", "512")
     assert (s.run.seed, s.rollout.seed, s.trainer.seed) == (7, 7, 7)
     assert s.trainer.rollout_temperature == 0.7  # the trainer divides logits by it
     assert s.trainer.hf_checkpoint == s.serve.model == "m"
     assert s.serve.vllm_args == ["--max-model-len", "512"]
+    assert (s.sampling.temperature, s.sampling.max_tokens) == (0.7, 256)
+
+
+def test_the_model_path_is_stored_once_and_seen_by_trainer_and_engines() -> None:
+    s = setup_of().with_model("/resolved/m")
+    assert s.run.model == s.trainer.hf_checkpoint == s.serve.model == "/resolved/m"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("--rollout-temperature", "--temperature"),
+        ("--rollout-top-p", "--top-p"),
+        ("--rollout-max-response-len", "--max-tokens"),
+    ],
+)
+def test_renamed_sampling_flags_name_their_new_spelling(old: str, new: str) -> None:
+    with pytest.raises(ConfigError, match=f"{old} was renamed {new}.*use {new} 0.5"):
+        setup_of(old, "0.5")
+
+
+def test_greedy_sampling_cannot_train() -> None:
+    with pytest.raises(ConfigError, match=r"--temperature must be > 0 for training, got 0\.0"):
+        setup_of("--temperature", "0")
+
+
+def test_help_names_the_trainer_backend_flag_as_it_is_spelled(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "--backend megatron" in out and "--train-backend" not in out
 
 
 def test_component_flags_land_in_their_typed_configs() -> None:

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Vime: environment-centric agentic RL for LLMs, in the Gym style.",
         epilog=(
             "Flags named --vllm-X are forwarded to every vLLM engine as --X, --router-X to "
-            "vllm-router as --X; with --train-backend megatron, Megatron's own flags pass "
+            "vllm-router as --X; with --backend megatron, Megatron's own flags pass "
             "through unchanged. --config FILE.yaml gives the same keys from a file."
         ),
     )

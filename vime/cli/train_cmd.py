@@ -4,25 +4,38 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vime.cli.common import add_command
 
+if TYPE_CHECKING:
+    from vime.orchestration.setup import TrainSetup
+
 QUICKSTART = Path(__file__).resolve().parents[1] / "orchestration" / "presets" / "quickstart.yaml"
 
-# Options that one run-level flag sets for several components.
+# Options that one run-level flag sets for several components (see TrainSetup's views).
 SHARED = {"seed", "model", "hf_checkpoint", "rollout_temperature", "vllm_args", "router_args"}
+
+# Flags renamed when vime train, rollout and eval got one SamplingConfig.
+RENAMED = {
+    "--rollout-temperature": "--temperature",
+    "--rollout-top-p": "--top-p",
+    "--rollout-max-response-len": "--max-tokens",
+}
 
 
 def _config_classes() -> list[tuple[str, type, str]]:
     from vime.agents.config import AgentConfig
     from vime.algorithms.config import AdvantageConfig, LossConfig
     from vime.inference.config import ServeConfig
+    from vime.inference.sampling import SamplingConfig
     from vime.orchestration.config import RunConfig
     from vime.rollout.config import RolloutConfig
     from vime.training.base import TrainerConfig
 
     return [
         ("run", RunConfig, "run"),
+        ("sampling", SamplingConfig, "sampling (of the rollouts; held-out evals are greedy)"),
         ("rollout", RolloutConfig, "rollouts"),
         ("agent", AgentConfig, "agent loop"),
         ("serve", ServeConfig, "inference engines and router"),
@@ -50,9 +63,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     for name, cls, title in _config_classes():
         add_options(parser, cls, title, exclude=set() if name == "run" else SHARED)
+    for old, new in RENAMED.items():
+        parser.add_argument(
+            old, action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
 
 
-def build_setup(args: argparse.Namespace):
+class _Renamed(argparse.Action):
+    """A flag that was renamed: using it is an error that names the new flag."""
+
+    def __init__(self, *args, new: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from vime.errors import ConfigError
+
+        raise ConfigError(
+            f"{option_string} was renamed {self.new} (vime train, rollout and eval share one "
+            f"set of sampling flags): use {self.new} {values}"
+        )
+
+
+def build_setup(args: argparse.Namespace) -> TrainSetup:
     """The typed configs of every component from parsed arguments."""
     from dataclasses import replace
 
@@ -62,22 +95,13 @@ def build_setup(args: argparse.Namespace):
 
     parts = {}
     for name, cls, _ in _config_classes():
-        overrides = {}
-        if name == "rollout":
-            overrides["seed"] = args.seed if hasattr(args, "seed") else 0
-            overrides["env_kwargs"] = _env_kwargs(getattr(args, "env_kwargs", None))
+        overrides: dict = {}
+        # The model, seed and env kwargs are set by TrainSetup from the run's flags (one
+        # copy each, passed down as views).
         if name == "serve":
-            overrides.update(
-                model=getattr(args, "model", ""),
-                vllm_args=args.vllm_args,
-                router_args=args.router_args,
-            )
-        if name == "trainer":
-            overrides.update(
-                hf_checkpoint=getattr(args, "model", ""),
-                seed=getattr(args, "seed", 0),
-                rollout_temperature=getattr(args, "rollout_temperature", 1.0),
-            )
+            overrides.update(model="", vllm_args=args.vllm_args, router_args=args.router_args)
+        if name == "rollout":
+            overrides["env_kwargs"] = {}
         parts[name] = build(cls, args, **overrides)
     if args.passthrough_args and parts["trainer"].backend != "megatron":
         from vime.cli.main import _unknown_flag_error
@@ -88,22 +112,6 @@ def build_setup(args: argparse.Namespace):
         # Async rollouts are off-policy by up to --max-staleness versions: correct for it.
         parts["loss"] = replace(parts["loss"], tis_cap=2.0)
     return TrainSetup(megatron_args=list(args.passthrough_args), **parts)
-
-
-def _env_kwargs(text: str | None) -> dict:
-    import json
-
-    from vime.errors import ConfigError
-
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--env-kwargs {text!r} is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"--env-kwargs must be a JSON object, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,8 @@ from vime.errors import ConfigError
 
 @dataclass
 class RunConfig:
-    """The RL run: data, steps, sampling, loop mode, placement, checkpoints, eval, logging."""
+    """The RL run: model, seed, data, steps, loop mode, placement, checkpoints, eval, logging
+    (sampling is :class:`~vime.inference.sampling.SamplingConfig`)."""
 
     model: str = option(
         help="HF model folder the trainer starts from and the engines serve; 'smollm2' means "
@@ -29,9 +30,6 @@ class RunConfig:
     output_dir: str = option("runs/latest", help="folder for checkpoints, logs, dumps, exports")
     num_steps: int = option(10, help="optimizer steps to run")
     rollout_batch_size: int = option(8, help="tasks per step (each played --n times)")
-    rollout_max_response_len: int = option(256, help="max tokens the model samples per turn")
-    rollout_temperature: float = option(1.0, help="sampling temperature of the rollouts")
-    rollout_top_p: float = option(1.0, help="nucleus sampling of the rollouts")
     mode: Literal["sync", "async"] = option(
         "sync", help="sync: on-policy, rollout then train; async: rollouts overlap training"
     )
@@ -75,7 +73,6 @@ class RunConfig:
         positive = {
             "--num-steps": self.num_steps,
             "--rollout-batch-size": self.rollout_batch_size,
-            "--rollout-max-response-len": self.rollout_max_response_len,
             "--trainer-num-processes": self.trainer_num_processes,
             "--eval-size": self.eval_size,
         }
@@ -90,10 +87,6 @@ class RunConfig:
         }.items():
             if value < 0:
                 raise ConfigError(f"{flag} must be >= 0, got {value}")
-        if self.rollout_temperature <= 0:
-            raise ConfigError(f"--rollout-temperature must be > 0, got {self.rollout_temperature}")
-        if not 0 < self.rollout_top_p <= 1:
-            raise ConfigError(f"--rollout-top-p must be in (0, 1], got {self.rollout_top_p}")
         if self.mode == "async" and self.colocate:
             raise ConfigError(
                 "--mode async overlaps rollouts with training, which needs separate devices: "

@@ -53,7 +53,6 @@ class RLLoop:
     ) -> None:
         from vime.agents.template import ChatTemplateRenderer
         from vime.inference.client import VimeClient
-        from vime.inference.sampling import SamplingConfig
         from vime.rollout import RolloutManager
 
         self.setup = setup
@@ -63,7 +62,7 @@ class RLLoop:
         self.out = Path(self.run.output_dir)
         self.state = RunState()
         self.buffer: list[list[Trajectory]] = []
-        client = VimeClient(cluster.base_url, model=cluster.model_name)
+        self.client = client = VimeClient(cluster.base_url, model=cluster.model_name)
         from transformers import AutoTokenizer
 
         renderer = ChatTemplateRenderer(AutoTokenizer.from_pretrained(self.run.model))
@@ -74,14 +73,8 @@ class RLLoop:
         self.eval_manager = RolloutManager(
             eval_rollout, lambda: client, setup.agent, renderer=renderer
         )
-        self.sampling = SamplingConfig(
-            temperature=self.run.rollout_temperature,
-            top_p=self.run.rollout_top_p,
-            max_tokens=self.run.rollout_max_response_len,
-        )
-        self.eval_sampling = SamplingConfig(
-            temperature=0.0, max_tokens=self.run.rollout_max_response_len
-        )
+        self.sampling = setup.sampling
+        self.eval_sampling = setup.sampling.replace(temperature=0.0, top_p=1.0)
         self.stream = TaskStream(tasks, seed=self.run.seed)
         self.eval_set = eval_tasks
         self.step_times: list[float] = []
@@ -243,14 +236,21 @@ class RLLoop:
         return Path(self.cluster.trainer_call("save_hf", str(target.resolve())))
 
     # -- drivers ----------------------------------------------------------------------
+    async def close(self) -> None:
+        """Close the engines' client (the drivers do it when they end)."""
+        await self.client.close()
+
     async def run_sync(self, progress: Any) -> None:
         """On-policy: each step's rollouts use the weights of the step before."""
-        while self.state.step < self.run.num_steps:
-            if self.run.eval_interval and self.state.step == 0 and not self.logger.history:
-                self.logger.log(0, await self.evaluate())
-            groups, metrics, _ = await self.rollout()
-            metrics.update(await asyncio.to_thread(self.train, groups, None))
-            await self._finish_step(metrics, groups, self.stream.position, progress)
+        try:
+            while self.state.step < self.run.num_steps:
+                if self.run.eval_interval and self.state.step == 0 and not self.logger.history:
+                    self.logger.log(0, await self.evaluate())
+                groups, metrics, _ = await self.rollout()
+                metrics.update(await asyncio.to_thread(self.train, groups, None))
+                await self._finish_step(metrics, groups, self.stream.position, progress)
+        finally:
+            await self.close()
 
     async def run_async(self, progress: Any) -> None:
         """Rollouts for the next steps run while the trainer trains (bounded staleness).
@@ -261,10 +261,12 @@ class RLLoop:
         """
         ahead = asyncio.Semaphore(max(1, self.run.max_staleness))
         queue: asyncio.Queue = asyncio.Queue()
+        waiting: list[tuple] = []  # what the queue holds, in order, for the checkpoint's buffer
         if self.buffer:  # rolled out before the checkpoint, not trained yet
             await ahead.acquire()
             flat = [t for g in self.buffer for t in g]
-            await queue.put((self.buffer, rollout_metrics(flat), self.state.data_position))
+            waiting.append((self.buffer, rollout_metrics(flat), self.state.data_position))
+            await queue.put(waiting[-1])
         self.buffer = []
         positions: list[int] = []
 
@@ -273,6 +275,7 @@ class RLLoop:
                 await ahead.acquire()
                 positions.append(self.stream.position)
                 item = await self.rollout()
+                waiting.append(item)
                 await queue.put(item)
                 positions.remove(item[2])
 
@@ -280,19 +283,21 @@ class RLLoop:
         try:
             while self.state.step < self.run.num_steps:
                 groups, metrics, _ = await queue.get()
+                waiting.pop(0)
                 ahead.release()
                 metrics = dict(metrics)
                 metrics.update(await asyncio.to_thread(self.train, groups, self.run.max_staleness))
                 metrics["async/queue_size"] = float(queue.qsize())
                 # Queued batches are not trained yet: they go into the checkpoint's buffer,
                 # and the tasks being rolled out now are replayed after a resume.
-                self.buffer = [g for item in list(queue._queue) for g in item[0]]  # type: ignore[attr-defined]
+                self.buffer = [g for item in waiting for g in item[0]]
                 resume_at = min(positions) if positions else self.stream.position
                 await self._finish_step(metrics, groups, resume_at, progress)
         finally:
             producer.cancel()
             self.manager.abort()
             await asyncio.gather(producer, return_exceptions=True)
+            await self.close()
 
     async def _finish_step(
         self, metrics: dict[str, float], groups: list, position: int, progress: Any

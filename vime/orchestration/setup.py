@@ -1,26 +1,61 @@
-"""Everything a run needs, parsed once: one typed config per component."""
+"""Everything a run needs, parsed once: the root config of ``vime train``.
+
+The model path and the seed live in :class:`RunConfig`, the sampling options in one
+:class:`SamplingConfig`; the component configs that also need them (the trainer loads the
+model and divides logits by the temperature, the engines serve the model, the rollouts
+derive episode seeds) get them as views, set here and nowhere else.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import json
+from dataclasses import dataclass, field, replace
 
+from vime.agents.config import AgentConfig
+from vime.algorithms.config import AdvantageConfig, LossConfig
+from vime.errors import ConfigError
+from vime.inference.config import ServeConfig
+from vime.inference.sampling import SamplingConfig
 from vime.orchestration.config import RunConfig
 from vime.orchestration.placement import PlacementConfig
+from vime.rollout.config import RolloutConfig
+from vime.training.base import TrainerConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSetup:
     """The configs of every component of ``vime train``."""
 
     run: RunConfig
-    trainer: Any  # vime.training.TrainerConfig
-    loss: Any  # vime.algorithms.LossConfig
-    advantage: Any  # vime.algorithms.AdvantageConfig
-    rollout: Any  # vime.rollout.RolloutConfig
-    agent: Any  # vime.agents.AgentConfig
-    serve: Any  # vime.inference.config.ServeConfig
-    megatron_args: list[str]
+    sampling: SamplingConfig
+    trainer: TrainerConfig
+    loss: LossConfig
+    advantage: AdvantageConfig
+    rollout: RolloutConfig
+    agent: AgentConfig
+    serve: ServeConfig
+    megatron_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.sampling.temperature <= 0:
+            # The trainer divides logits by it; greedy rollouts have no policy to train.
+            raise ConfigError(
+                f"--temperature must be > 0 for training, got {self.sampling.temperature}"
+            )
+        views = {
+            "trainer": replace(
+                self.trainer,
+                hf_checkpoint=self.run.model,
+                seed=self.run.seed,
+                rollout_temperature=self.sampling.temperature,
+            ),
+            "serve": replace(self.serve, model=self.run.model),
+            "rollout": replace(
+                self.rollout, seed=self.run.seed, env_kwargs=_env_kwargs(self.run.env_kwargs)
+            ),
+        }
+        for name, view in views.items():
+            object.__setattr__(self, name, view)
 
     def placement(self, device: str) -> PlacementConfig:
         """The placement inputs implied by these configs on ``device`` (GPU or CPU)."""
@@ -36,9 +71,16 @@ class TrainSetup:
 
     def with_model(self, path: str) -> TrainSetup:
         """The same setup with the model path resolved (trainer and engines load it)."""
-        return replace(
-            self,
-            run=replace(self.run, model=path),
-            trainer=replace(self.trainer, hf_checkpoint=path),
-            serve=replace(self.serve, model=path),
-        )
+        return replace(self, run=replace(self.run, model=path))
+
+
+def _env_kwargs(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env-kwargs {text!r} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--env-kwargs must be a JSON object, got {text!r}")
+    return value
