@@ -87,8 +87,6 @@ class _Renamed(argparse.Action):
 
 def build_setup(args: argparse.Namespace) -> TrainSetup:
     """The typed configs of every component from parsed arguments."""
-    from dataclasses import replace
-
     from vime.config.schema import build
     from vime.errors import ConfigError
     from vime.orchestration.setup import TrainSetup
@@ -108,9 +106,6 @@ def build_setup(args: argparse.Namespace) -> TrainSetup:
 
         err = _unknown_flag_error(args._parser, args.passthrough_args)
         raise ConfigError(f"{err} (Megatron's own flags are accepted only with --backend megatron)")
-    if parts["run"].mode == "async" and parts["loss"].tis_cap is None:
-        # Async rollouts are off-policy by up to --max-staleness versions: correct for it.
-        parts["loss"] = replace(parts["loss"], tis_cap=2.0)
     return TrainSetup(megatron_args=list(args.passthrough_args), **parts)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -117,7 +116,7 @@ class RLLoop:
         wanted = self.run.rollout_batch_size
         # With --over-sampling the extra tasks give --group-filter groups to choose from; all
         # taken tasks count as consumed, so a resume never replays one.
-        budget = math.ceil(wanted * self.setup.rollout.over_sampling)
+        budget = self.setup.rollout.launch_budget(wanted)
         tasks = []
         for sample_id, task in self.stream.take(budget):
             tasks.append({**task, "id": sample_id, "source_id": task.get("id")})

@@ -21,6 +21,9 @@ from vime.orchestration.placement import PlacementConfig
 from vime.rollout.config import RolloutConfig
 from vime.training.base import TrainerConfig
 
+# The TIS cap (Yao et al. 2025) of async runs that set no --tis-cap.
+ASYNC_TIS_CAP = 2.0
+
 
 @dataclass(frozen=True)
 class TrainSetup:
@@ -54,6 +57,10 @@ class TrainSetup:
                 self.rollout, seed=self.run.seed, env_kwargs=_env_kwargs(self.run.env_kwargs)
             ),
         }
+        if self.run.mode == "async" and self.loss.tis_cap is None:
+            # Async rollouts are off-policy by up to --max-staleness versions: correct for it
+            # with truncated importance sampling, for every caller of run_training().
+            views["loss"] = replace(self.loss, tis_cap=ASYNC_TIS_CAP)
         for name, view in views.items():
             object.__setattr__(self, name, view)
 

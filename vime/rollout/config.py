@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,3 +49,8 @@ class RolloutConfig:
             raise ConfigError(f"--episode-timeout must be > 0, got {self.episode_timeout}")
         if self.over_sampling < 1.0:
             raise ConfigError(f"--over-sampling must be >= 1.0, got {self.over_sampling}")
+
+    def launch_budget(self, num_groups: int) -> int:
+        """Groups to launch for ``num_groups`` wanted: ``ceil(num_groups * over_sampling)``;
+        the extra ones give ``--group-filter`` groups to choose from."""
+        return math.ceil(num_groups * self.over_sampling)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -97,7 +96,7 @@ class RolloutManager:
         num_groups: int | None = None,
     ) -> RolloutBatch:
         """Play ``config.n`` episodes per task until ``num_groups`` groups (default: one per
-        task) pass the group filter, launching at most ``ceil(num_groups * over_sampling)``
+        task) pass the group filter, launching at most ``config.launch_budget(num_groups)``
         new groups; groups carried over from the previous call come first.
 
         A task is a dataset row (passed to the env as ``options["task"]``) or an int ``k``:
@@ -105,7 +104,7 @@ class RolloutManager:
         """
         self._abort.clear()
         target = len(tasks) if num_groups is None else num_groups
-        budget = min(len(tasks), math.ceil(target * self.config.over_sampling))
+        budget = min(len(tasks), self.config.launch_budget(target))
         started = time.monotonic()
         carried = set(self._carried)
         pending: set[asyncio.Task] = set(carried)
