@@ -243,47 +243,22 @@ class Estimator:
     fn: Callable[[list[Tensor], float], list[Tensor]]
     whole_batch: bool
     min_group_size: int
-    summary: str
 
 
 # The one registry of estimators: a new estimator is a function above and a line here.
+# (name, fn(groups, eps), whole_batch, min_group_size)
 ESTIMATORS: dict[str, Estimator] = {
-    e.name: e
-    for e in (
-        Estimator(
-            "grpo",
-            lambda g, eps: grpo_advantages(g, eps=eps),
-            whole_batch=False,
-            min_group_size=2,
-            summary="(r - mean_group) / (std_group + eps)",
-        ),
-        Estimator(
-            "dr_grpo",
-            lambda g, eps: dr_grpo_advantages(g),
-            whole_batch=False,
-            min_group_size=2,
-            summary="r - mean_group",
-        ),
-        Estimator(
-            "rloo",
-            lambda g, eps: rloo_advantages(g),
-            whole_batch=False,
-            min_group_size=2,
-            summary="r - mean of the other samples of the group",
-        ),
-        Estimator(
-            "reinforce_plus_plus",
-            lambda g, eps: reinforce_plus_plus_advantages(g, eps=eps),
-            whole_batch=True,
-            min_group_size=1,
-            summary="(r - mean_batch) / (std_batch + eps)",
-        ),
-        Estimator(
+    name: Estimator(name, fn, whole_batch, min_size)
+    for name, fn, whole_batch, min_size in (
+        ("grpo", lambda g, eps: grpo_advantages(g, eps=eps), False, 2),
+        ("dr_grpo", lambda g, eps: dr_grpo_advantages(g), False, 2),
+        ("rloo", lambda g, eps: rloo_advantages(g), False, 2),
+        ("reinforce_plus_plus", lambda g, e: reinforce_plus_plus_advantages(g, eps=e), True, 1),
+        (
             "reinforce_plus_plus_baseline",
-            lambda g, eps: reinforce_plus_plus_baseline_advantages(g, eps=eps),
-            whole_batch=True,
-            min_group_size=2,
-            summary="a = r - mean_group; (a - mean_batch(a)) / (std_batch(a) + eps)",
+            lambda g, e: reinforce_plus_plus_baseline_advantages(g, eps=e),
+            True,
+            2,
         ),
     )
 }
