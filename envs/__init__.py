@@ -11,5 +11,6 @@ register("vime/Math-v0", "vime.envs.math_env:MathEnv")
 register("vime/GuessNumber-v0", "vime.envs.guess_number:GuessNumberEnv")
 register("vime/MathTool-v0", "vime.envs.math_tool:MathToolEnv")
 register("vime/Code-v0", "vime.envs.code:CodeEnv")
+register("vime/RepoFix-v0", "vime.envs.repofix.env:RepoFixEnv")
 
 __all__ = ["Env", "ToolEnv", "make", "register", "tool"]
