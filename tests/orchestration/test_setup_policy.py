@@ -37,3 +37,10 @@ def test_async_runs_built_in_python_get_truncated_importance_sampling() -> None:
 def test_over_sampling_launches_the_ceiling_of_the_wanted_groups() -> None:
     assert RolloutConfig(env_id="e", over_sampling=1.5).launch_budget(3) == 5
     assert RolloutConfig(env_id="e").launch_budget(3) == 3
+
+
+def test_the_dry_run_states_the_loss_defaults_in_effect() -> None:
+    from vime.orchestration.run import describe
+
+    text = describe(python_setup("async", LossConfig(policy_loss="gspo")), "CPU")
+    assert "loss: gspo (clip 0.0003/0.0004, seq-mean-token-mean, TIS cap 2)" in text

@@ -60,7 +60,7 @@ def describe(setup: TrainSetup, device: str) -> str:
         f"samples per step, {setup.run.num_steps} steps",
         f"trainer: {setup.trainer.backend} backend, lr {setup.trainer.lr}, "
         f"{setup.run.trainer_num_processes} process(es)",
-        f"loss: {setup.loss.policy_loss}, advantages: {setup.advantage.advantage_estimator}",
+        f"loss: {_describe_loss(setup.loss)}, advantages: {setup.advantage.advantage_estimator}",
         f"engines: {setup.serve.rollout_num_engines} x TP {setup.serve.rollout_num_gpus_per_engine}"
         + (f", vLLM flags {' '.join(setup.serve.vllm_args)}" if setup.serve.vllm_args else "")
         + (
@@ -71,6 +71,17 @@ def describe(setup: TrainSetup, device: str) -> str:
         lines.append(f"megatron flags: {' '.join(setup.megatron_args)}")
     lines.append(plan.describe())
     return "\n".join(lines)
+
+
+def _describe_loss(loss: Any) -> str:
+    """The loss with the defaults in effect (clip ranges, aggregation, TIS)."""
+    text = f"{loss.policy_loss} (clip {loss.clip_low:g}/{loss.clip_high:g}"
+    if loss.eps_clip_c is not None:
+        text += f", dual clip {loss.eps_clip_c:g}"
+    text += f", {loss.loss_agg_mode}"
+    if loss.tis_cap is not None:
+        text += f", TIS cap {loss.tis_cap:g}"
+    return text + ")"
 
 
 class _Progress:
