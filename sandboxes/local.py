@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vime.sandboxes import bwrap
+from vime.sandboxes import bwrap, seccomp, workdir
 from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits, shell_argv
 from vime.sandboxes.process import (
     MARKER_VAR,
@@ -37,6 +37,7 @@ UNISOLATED_WARNING = (
 )
 _probed: dict[bool, str | None] = {}  # network on? -> bwrap's error text, or None if it works
 _reaped: set[Path] = set()  # work dir roots already cleaned of dead processes' leftovers
+_uncapped_warned = False
 
 
 def reap_orphans(root: Path) -> list[Path]:
@@ -53,7 +54,7 @@ def reap_orphans(root: Path) -> list[Path]:
     for path in root.iterdir():
         owner, _, _ = path.name.partition("-")
         if owner.isdigit() and int(owner) != os.getpid() and not pid_alive(int(owner)):
-            shutil.rmtree(path, ignore_errors=True)
+            workdir.remove(path)
             removed.append(path)
     return removed
 
@@ -90,8 +91,10 @@ class LocalSandbox(Sandbox):
 
     Options: ``limits`` or keyword overrides of them (``timeout=5``, ``memory_bytes=...``);
     ``ro_binds`` (host paths to show read-only, e.g. a virtualenv); ``env`` (extra variables);
-    ``workdir_parent`` (where work dirs are made); ``allow_unisolated`` (run with rlimits only
-    when bubblewrap is missing, with a loud warning).
+    ``workdir_parent`` (where work dirs are made); ``work_bytes`` (the size of the work dir, a
+    tmpfs with one inode per 4 KiB, when the caller may mount one, i.e. is root; otherwise a
+    warning says the work dir is not capped); ``allow_unisolated`` (run with rlimits only when
+    bubblewrap is missing, with a loud warning).
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class LocalSandbox(Sandbox):
         ro_binds: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         workdir_parent: str | None = None,
+        work_bytes: int = workdir.DEFAULT_WORK_BYTES,
         uid: int = NOBODY,
         **limit_overrides: Any,
     ) -> None:
@@ -121,6 +125,11 @@ class LocalSandbox(Sandbox):
         self._env = dict(env or {})
         self._ro_binds = list(ro_binds)
         self._workdir_parent = workdir_parent
+        if isinstance(work_bytes, bool) or not isinstance(work_bytes, int) or work_bytes <= 0:
+            raise ValueError(
+                f"local sandbox option work_bytes must be positive, got {work_bytes!r}"
+            )
+        self.work_bytes = work_bytes
         self.workdir: Path | None = None
         self._prefix: list[str] = []
         self._calls = itertools.count(1)
@@ -135,15 +144,16 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"sandbox {self.id} is closed; create a new one")
         if self.workdir is not None:
             return
-        workdir = Path(
+        path = Path(
             tempfile.mkdtemp(
                 prefix=f"{os.getpid()}-",
                 dir=_workdir_root(self._workdir_parent, self._uid if self._switch_user else None),
             )
         )
-        self.workdir = workdir
+        self.workdir = path
+        self._cap_workdir(path)
         if self._switch_user:
-            os.chown(workdir, self._uid, self._uid)
+            os.chown(path, self._uid, self._uid)
         if self.isolated:
             # setpriv, not Popen(user=...): the uid switch then happens after a vfork+exec, so
             # each call costs the same however large this (trainer or env worker) process is.
@@ -158,7 +168,7 @@ class LocalSandbox(Sandbox):
                 *(switch if self._switch_user else []),
                 *bwrap.bwrap_prefix(
                     bwrap.find_tool("bwrap"),
-                    workdir=str(workdir),
+                    workdir=str(path),
                     limits=self.limits,
                     uid=self._uid,
                     ro_binds=self._ro_binds,
@@ -166,6 +176,20 @@ class LocalSandbox(Sandbox):
                 ),
             ]
             await self._probe()
+
+    def _cap_workdir(self, path: Path) -> None:
+        """Make the work dir a tmpfs of ``work_bytes``, or warn (once) that it cannot be."""
+        global _uncapped_warned
+        why = workdir.mount_tmpfs(path, size=self.work_bytes, uid=self._uid)
+        if why is not None and not _uncapped_warned:
+            _uncapped_warned = True
+            logger.warning(
+                "local sandbox work dirs are NOT size-capped: mounting a tmpfs failed (%s; it "
+                "needs root). Sandboxed code can fill the disk under %s; run as root or use "
+                "the docker backend.",
+                why,
+                path.parent,
+            )
 
     async def _probe(self) -> None:
         """Fail early, with bwrap's own words, where namespaces are not allowed."""
@@ -183,28 +207,39 @@ class LocalSandbox(Sandbox):
                 "container, run it with --privileged or a seccomp profile allowing unshare."
             )
 
-    def _argv(self, argv: list[str], call: str) -> list[str]:
+    def _argv(self, argv: list[str], call: str, filter_fd: int) -> list[str]:
         limited = [*bwrap.rlimit_argv(self._prlimit, self.limits), *argv]
         if self.isolated:
-            return [*self._prefix, "--setenv", MARKER_VAR, call, *limited]
+            seccomp_args = ["--seccomp", str(filter_fd)]
+            return [*self._prefix, *seccomp_args, "--setenv", MARKER_VAR, call, *limited]
         return limited
 
     async def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None) -> ExecResult:
         assert self.workdir is not None
         call = marker(self.id, next(self._calls))
         popen: dict[str, Any] = {}
-        if not self.isolated:
+        filter_fd = -1
+        if self.isolated:
+            # bwrap is PID 1 inside, readable by the sandboxed code (/proc/1/environ): it gets
+            # an empty environment so that no host secret reaches it.
+            filter_fd = seccomp.pipe()
+            popen.update(env={}, pass_fds=(filter_fd,))
+        else:
             env = {**bwrap.base_env(str(self.workdir)), **self._env, MARKER_VAR: call}
             popen.update(cwd=self.workdir, env=env)
-        return await run_process(
-            self._argv(argv, call),
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=self.limits.max_output_bytes,
-            cleanup=lambda: kill_marked(call),
-            track=self._running,
-            **popen,
-        )
+        try:
+            return await run_process(
+                self._argv(argv, call, filter_fd),
+                timeout=timeout,
+                stdin=stdin,
+                max_output_bytes=self.limits.max_output_bytes,
+                cleanup=lambda: kill_marked(call),
+                track=self._running,
+                **popen,
+            )
+        finally:
+            if filter_fd >= 0:
+                os.close(filter_fd)
 
     async def run(
         self,
@@ -228,52 +263,30 @@ class LocalSandbox(Sandbox):
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return await self._exec(shell_argv(command), timeout=limit, stdin=data)
 
-    def _resolve(self, path: str) -> Path:
-        """The host path of ``path`` in the work dir; refuses escapes, also through symlinks."""
+    def _root(self) -> Path:
         if self.workdir is None:
-            raise SandboxError(f"sandbox {self.id} has no work dir (closed or not started)")
-        relative = Path(
-            path[len(bwrap.WORKDIR) + 1 :] if path.startswith(bwrap.WORKDIR + "/") else path
-        )
-        target = self.workdir / relative
-        if relative.is_absolute() or not target.resolve().is_relative_to(self.workdir.resolve()):
-            raise SandboxError(
-                f"path {path!r} is outside the sandbox work dir; use a path relative to it"
-            )
-        return target
+            raise SandboxError(f"sandbox {self.id} is closed; create a new one")
+        return self.workdir
 
     async def write_file(self, path: str, content: str | bytes) -> None:
-        """Write ``content`` to ``path`` (relative to the work dir, or under /work)."""
+        """Write ``content`` to ``path`` (relative to the work dir, or under /work).
+
+        Refuses links and non-regular files (see :mod:`vime.sandboxes.workdir`); runs in a
+        thread so the event loop never waits on the disk.
+        """
         await self.start()
-        target = self._resolve(path)
+        names = workdir.parts(path, bwrap.WORKDIR)
         data = content.encode() if isinstance(content, str) else content
-        assert self.workdir is not None
-        missing = [
-            d for d in reversed(target.parents) if d.is_relative_to(self.workdir) and not d.exists()
-        ]
-        for directory in missing:
-            directory.mkdir()
-            if self._switch_user:
-                os.chown(directory, self._uid, self._uid)
-        # O_NOFOLLOW: a symlink the sandboxed code left here must not redirect a host write.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, data)
-            if self._switch_user:
-                os.fchown(fd, self._uid, self._uid)
-        finally:
-            os.close(fd)
+        uid = self._uid if self._switch_user else None
+        await asyncio.to_thread(
+            workdir.write, self._root(), path, names, data, uid=uid, sandbox=self.id
+        )
 
     async def read_file(self, path: str) -> bytes:
-        """The bytes of ``path`` (relative to the work dir, or under /work)."""
+        """The bytes of the regular file ``path`` (relative to the work dir, or under /work)."""
         await self.start()
-        target = self._resolve(path)
-        try:
-            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no file {path!r} in sandbox {self.id}") from None
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
+        names = workdir.parts(path, bwrap.WORKDIR)
+        return await asyncio.to_thread(workdir.read, self._root(), path, names, sandbox=self.id)
 
     async def close(self) -> None:
         """Kill every running call and its processes, then delete the work dir. Idempotent."""
@@ -292,5 +305,5 @@ class LocalSandbox(Sandbox):
             if left:
                 logger.error("sandbox %s: processes %s survived SIGKILL", self.id, left)
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            workdir.remove(self.workdir)
             self.workdir = None

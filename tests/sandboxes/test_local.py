@@ -93,10 +93,11 @@ async def test_tmp_is_private_and_writable(box):
 
 async def test_a_symlink_to_a_host_file_is_not_followed_by_read_file(box):
     await box.run("ln -s /etc/passwd leak; ln -s / root")
-    with pytest.raises(SandboxError, match="outside the sandbox work dir"):
+    with pytest.raises(SandboxError, match=r"'leak' .* goes through a symbolic link"):
         await box.read_file("leak")
-    with pytest.raises(SandboxError, match="outside the sandbox work dir"):
+    with pytest.raises(SandboxError, match=r"'root/tmp/x' .*symbolic links are not followed"):
         await box.write_file("root/tmp/x", "x")
+    assert not os.path.exists("/tmp/x")
 
 
 @pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/../../b"])
