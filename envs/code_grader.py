@@ -5,65 +5,24 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import re
 import secrets
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vime.sandboxes import Sandbox
 
+log = logging.getLogger(__name__)
+
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "py", "python3"}
+
+# The judge and answer processes that run in the sandbox (see that file's docstring).
+HARNESS = (Path(__file__).parent / "code_harness.py").read_text()
 MAX_ERROR_CHARS = 300
-
-# Runs in the sandbox. Results go to a duplicate of the original stdout, each line tagged with
-# a nonce read from stdin before the answer runs, so text the answer prints is never taken for
-# a result. The answer runs in this same process: this keeps accidents out, not an adversary.
-HARNESS = r"""
-import json, os, sys, traceback
-
-nonce = sys.stdin.readline().strip()
-with open("vime_tests.json") as f:
-    spec = json.load(f)
-results = os.fdopen(os.dup(1), "w")
-sys.stdout = sys.stderr
-
-
-def report(index, error):
-    results.write(json.dumps([nonce, index, error]) + "\n")
-    results.flush()
-
-
-def describe(exc):
-    return (type(exc).__name__ + (": " + str(exc) if str(exc) else ""))[:MAX_ERROR_CHARS]
-
-
-namespace = {"__name__": "solution"}
-try:
-    exec(compile(spec["solution"], "solution.py", "exec"), namespace)
-    exec(compile(spec["preamble"], "tests.py", "exec"), namespace)
-    for name, target in spec["bind"].items():
-        if target not in namespace:
-            raise NameError("the code defines no function %r" % target)
-        namespace[name] = namespace[target]
-except BaseException as exc:
-    traceback.print_exc()
-    report("load", describe(exc))
-    sys.exit(1)
-for index, step in enumerate(spec["steps"]):
-    try:
-        exec(compile(step["code"], "test_%d.py" % index, "exec"), namespace)
-    except BaseException as exc:
-        traceback.print_exc()
-        if not step["counted"]:
-            report("load", "test setup failed: " + describe(exc))
-            break
-        report(index, describe(exc))
-    else:
-        if step["counted"]:
-            report(index, None)
-""".replace("MAX_ERROR_CHARS", str(MAX_ERROR_CHARS))
 
 
 def extract_code(text: str, entry_point: str | None = None) -> str:
@@ -225,25 +184,44 @@ class TestReport:
 
 
 async def run_tests(
-    sandbox: Sandbox, solution: str, plan: TestPlan, *, timeout: float
+    sandbox: Sandbox,
+    solution: str,
+    plan: TestPlan,
+    *,
+    timeout: float,
+    context: str = "",
+    entry_point: str | None = None,
 ) -> TestReport:
     """Run ``plan`` against ``solution`` in ``sandbox`` within ``timeout`` seconds (wall clock).
 
-    Tests that passed before a timeout or a crash count; the rest fail.
+    The tests run in a judge process that calls the answer's functions in another process and
+    compares plain values itself (see ``code_harness.py``). ``context`` (a HumanEval prompt:
+    imports and helpers the tests use) is trusted and runs in the judge; ``entry_point`` and
+    the plan's bound names always call the answer. Tests that passed before a timeout or a
+    crash count; the rest fail. A sandbox that fails (whatever the answer did to its work dir)
+    fails every test; it never raises.
     """
     nonce = secrets.token_hex(16)
-    spec = {
+    job = {
+        "harness": HARNESS,
+        "context": context,
         "solution": solution,
         "preamble": plan.preamble,
         "bind": plan.bind,
         "steps": plan.steps,
+        "called": sorted({*plan.bind.values(), *([entry_point] if entry_point else [])}),
     }
-    result = await sandbox.run(
-        ["python3", "vime_harness.py"],
-        timeout=timeout,
-        stdin=nonce + "\n",
-        files={"vime_harness.py": HARNESS, "vime_tests.json": json.dumps(spec)},
-    )
+    counted = [i for i, step in enumerate(plan.steps) if step["counted"]]
+    try:
+        result = await sandbox.run(
+            ["python3", "-I", "-c", HARNESS],
+            timeout=timeout,
+            stdin=nonce + "\n" + json.dumps(job),
+        )
+    except Exception as exc:  # the answer may have broken its sandbox: never raise
+        log.warning("the sandbox failed to run the tests: %s", exc)
+        problem = f"the sandbox failed to run the tests: {type(exc).__name__}: {exc}"
+        return TestReport(0, len(counted), [], False, problem[:MAX_ERROR_CHARS])
     outcomes: dict[Any, str | None] = {}
     for line in result.stdout.splitlines():
         try:
@@ -252,7 +230,6 @@ async def run_tests(
             continue
         if tag == nonce and index not in outcomes:
             outcomes[index] = error
-    counted = [i for i, step in enumerate(plan.steps) if step["counted"]]
     passed = sum(1 for i in counted if i in outcomes and outcomes[i] is None)
     failures = []
     for i in counted:

@@ -10,7 +10,13 @@ import time
 import pytest
 from vime.envs.checker import check
 from vime.envs.code import humaneval_tasks
-from vime.envs.code_grader import check_function_plan, extract_code, solution_source
+from vime.envs.code_grader import (
+    check_function_plan,
+    extract_code,
+    plan_for,
+    run_tests,
+    solution_source,
+)
 
 import vime
 from vime.data import TaskFileError
@@ -66,13 +72,26 @@ def test_humaneval_wrong_solution_scores_zero(env, task_id):
     assert info["tests_passed"] == 0 and info["all_passed"] is False and info["correct"] == 0.0
 
 
-def test_reward_is_the_fraction_of_asserts_passed(env):
+RETURNS_NONE = fenced(full_function("HumanEval/12", "    return None\n"))
+
+
+def test_by_default_a_partly_right_answer_earns_nothing_and_its_pass_rate_is_in_info(env):
     # HumanEval/12 (longest string, None for an empty list): returning None passes 1 of 3
-    _, reward, _, _, info = episode(
-        env, HUMANEVAL["HumanEval/12"], fenced(full_function("HumanEval/12", "    return None\n"))
-    )
+    _, reward, _, _, info = episode(env, HUMANEVAL["HumanEval/12"], RETURNS_NONE)
     assert (info["tests_passed"], info["tests_total"]) == (1, 3)
-    assert reward == pytest.approx(1 / 3) and info["all_passed"] is False
+    assert info["pass_rate"] == pytest.approx(1 / 3) and info["all_passed"] is False
+    assert reward == 0.0
+
+
+def test_reward_mode_fraction_pays_the_fraction_of_asserts_passed():
+    env = vime.make("vime/Code-v0", reward_mode="fraction")
+    try:
+        _, reward, _, _, info = episode(env, HUMANEVAL["HumanEval/12"], RETURNS_NONE)
+        assert reward == pytest.approx(1 / 3) and info["all_passed"] is False
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="unknown reward_mode 'partial'"):
+        vime.make("vime/Code-v0", reward_mode="partial")
 
 
 def test_a_completion_of_the_prompt_body_only_is_graded(env):
@@ -99,7 +118,7 @@ def test_user_tasks_with_a_list_of_tests(env):
     reply = fenced("def add(a, b):\n    return a + b if a != 2 else 0")
     _, reward, _, _, info = episode(env, ADD_TASK, reply)
     assert (info["tests_passed"], info["tests_total"]) == (2, 3)
-    assert reward == pytest.approx(2 / 3)
+    assert reward == 0.0 and info["pass_rate"] == pytest.approx(2 / 3)
 
 
 def test_user_jsonl_tasks_with_a_check_function(tmp_path):
@@ -119,7 +138,7 @@ def test_user_jsonl_tasks_with_a_check_function(tmp_path):
         assert env.unwrapped.generate_tasks(100, seed=0) == rows
         assert episode(env, rows[1], "def double(x):\n    return 2 * x")[1] == 1.0
         _, reward, _, _, info = episode(env, rows[1], "def double(x):\n    return x + 2")
-        assert (reward, info["tests_passed"]) == (0.5, 1)
+        assert (reward, info["tests_passed"], info["pass_rate"]) == (0.0, 1, 0.5)
     finally:
         env.close()
 
@@ -269,3 +288,102 @@ def test_an_answer_without_the_entry_point_says_so():
         assert "NameError: the code defines no function 'double'" in observation[0]["content"]
     finally:
         env.close()
+
+
+WRONG_ADD = "def add(a, b):\n    return 0\n"
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        # the harness's own reporter, then an exit before the tests run (the exploit)
+        "import __main__, os\n"
+        "[__main__.report(i, None) for i in range(len(__main__.spec['steps']))]\n"
+        "os._exit(0)",
+        # result lines written to every stream and file descriptor the answer can reach
+        "import glob, json, os\n"
+        "for fd in [1, 2, *map(int, [p.rsplit('/', 1)[1] for p in glob.glob('/proc/self/fd/*')])]:\n"
+        "    for i in range(3):\n"
+        "        try: os.write(fd, (json.dumps(['x', i, None]) + '\\n').encode())\n"
+        "        except OSError: pass\n"
+        "for path in glob.glob(f'/proc/{os.getppid()}/fd/*'):\n"
+        "    try: open(path, 'w').write('[\"x\", 0, null]\\n')\n"
+        "    except OSError: pass\n"
+        "os._exit(0)",
+        # a value that claims to equal anything
+        "class Anything:\n    def __eq__(self, other):\n        return True\n"
+        "def add(a, b):\n    return Anything()",
+        # a SystemExit inside the function under test
+        "import sys\ndef add(a, b):\n    sys.exit(0)",
+    ],
+)
+def test_an_answer_cannot_forge_its_results(forgery):
+    env = vime.make("vime/Code-v0", reward_mode="fraction")
+    try:
+        _, reward, _, _, info = episode(env, ADD_TASK, fenced(WRONG_ADD + forgery))
+        assert (reward, info["tests_passed"]) == (0.0, 0)
+    finally:
+        env.close()
+
+
+def test_the_tests_are_out_of_the_answers_reach():
+    # A lookup table would beat any test it can read: look everywhere it might be written.
+    snoop = (
+        "import glob, os\n"
+        "seen = ''\n"
+        "for path in [*glob.glob('*'), *glob.glob('/proc/*/cmdline'), *glob.glob('/proc/*/environ'),\n"
+        "             *glob.glob('/proc/*/fd/*'), '/proc/%d/mem' % os.getppid()]:\n"
+        "    try: seen += open(path, errors='replace').read(1 << 20)\n"
+        "    except (OSError, ValueError): pass\n"
+        "FOUND = 'add(-1, 1) == 0' in seen\n"
+        "def add(a, b):\n    return a + b if FOUND else 0\n"
+    )
+    env = vime.make("vime/Code-v0", reward_mode="fraction")
+    try:
+        _, reward, _, _, info = episode(env, ADD_TASK, fenced(snoop))
+        assert (reward, info["tests_passed"]) == (0.0, 0)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "vandalism",
+    [
+        "os.mkdir('vime_harness.py'); os.mkdir('vime_tests.json')",
+        "os.mkfifo('vime_harness.py'); os.mkfifo('vime_tests.json')",
+        "open('json.py', 'w').write('raise SystemExit(0)'); "
+        "open('sitecustomize.py', 'w').write('import os; os._exit(0)')",
+        "os.chmod('.', 0o500)",
+        "import shutil; shutil.rmtree(os.getcwd())",
+    ],
+)
+def test_nothing_the_answer_does_to_the_work_dir_raises_out_of_step(vandalism):
+    env = vime.make("vime/Code-v0", max_attempts=2)
+    try:
+        env.reset(options={"task": ADD_TASK})
+        first = f"import os\n{vandalism}\n{WRONG_ADD}"
+        _, reward, terminated, _, _ = env.step(fenced(first))
+        assert (reward, terminated) == (0.0, False)
+        _, reward, terminated, _, info = env.step(fenced("def add(a, b):\n    return a + b"))
+        assert (reward, terminated, info["tests_passed"]) == (1.0, True, 3)
+    finally:
+        env.close()
+
+
+def test_a_correct_function_that_mentions_a_tool_call_tag_passes(env):
+    reply = fenced(
+        "def add(a, b):\n    marker = '<tool_call>'  # a tag in a string is not a call\n"
+        "    return a + b"
+    )
+    _, reward, _, _, info = episode(env, ADD_TASK, reply)
+    assert (reward, info["tests_passed"]) == (1.0, 3)
+
+
+async def test_a_sandbox_that_fails_to_run_fails_the_tests_without_raising():
+    class BrokenBox:
+        async def run(self, *args, **kwargs):
+            raise IsADirectoryError(21, "Is a directory", "vime_harness.py")
+
+    report = await run_tests(BrokenBox(), "def add(a, b): ...", plan_for(ADD_TASK), timeout=5)
+    assert (report.passed, report.total) == (0, 3)
+    assert report.load_error.startswith("the sandbox failed to run the tests: IsADirectoryError")
