@@ -27,6 +27,7 @@
     }
     return node;
   }
+  const signed = (d) => (d === 0 || Math.abs(d) >= 1e-3 ? d.toFixed(4) : d.toExponential(1));
   const fmt = (v, d = 3) => (v === null || v === undefined ? "n/a" : Number(v).toFixed(d));
 
   // ---- filters over the index -------------------------------------------------------------
@@ -293,7 +294,7 @@
         span.className = "tok m1";
         span.style.backgroundColor = by === "diff" && !Number.isNaN(t) ? diffColour(t - lp) : tokenColour(lp);
         let tip = `id ${id} · sampled · logprob ${lp.toFixed(4)} (p ${Math.exp(lp).toFixed(3)}) · weights v${v}`;
-        if (!Number.isNaN(t)) tip += ` · trainer ${t.toFixed(4)} · Δ ${(t - lp).toFixed(4)}`;
+        if (!Number.isNaN(t)) tip += ` · trainer ${t.toFixed(4)} · Δ ${signed(t - lp)}`;
         span.title = tip;
         span.setAttribute("data-lp", lp);
         if (!Number.isNaN(t)) span.setAttribute("data-tlp", t);
