@@ -1,7 +1,7 @@
 """Vime: environment-centric agentic RL for LLMs, in the Gym style.
 
 The names below load lazily so that ``import vime`` stays fast and never pulls in torch,
-vllm or ray.
+vllm or ray; importing it registers the built-in envs with gymnasium.
 """
 
 from __future__ import annotations
@@ -28,3 +28,7 @@ __all__ = ["__version__", *_LAZY]
 
 
 __getattr__ = lazy_exports(__name__, _LAZY, globals())
+
+# Register the built-in env ids with gymnasium, so that gymnasium.make("vime/Math-v0") works
+# after `import vime` alone (gymnasium has no plugin discovery). It costs importing gymnasium.
+import vime.envs  # noqa: E402, F401

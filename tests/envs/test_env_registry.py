@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -146,3 +147,19 @@ def test_a_failed_plugin_is_named_when_its_env_is_missing(plugin_path):
         registry.load_plugins(force=True)
     with pytest.raises(EnvError, match="Plugin 'broken' failed to load"):
         vime.make("acme/Missing-v0")
+
+
+def test_gymnasium_make_works_after_import_vime_alone():
+    # a fresh interpreter: nothing else has imported vime.envs
+    code = (
+        "import gymnasium, vime\n"
+        "env = gymnasium.make('vime/Math-v0')\n"
+        "print(type(env.unwrapped).__name__, sorted(i for i in gymnasium.registry if i.startswith('vime/')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(" ", 1)[0] == "MathEnv"
+    for env_id in ("vime/Code-v0", "vime/GuessNumber-v0", "vime/Math-v0", "vime/MathTool-v0"):
+        assert env_id in result.stdout
