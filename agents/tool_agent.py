@@ -94,10 +94,12 @@ class Episode:
         self.status, self.stop_reason = Status.TRUNCATED, f"max_turns={self.config.max_turns}"
 
     def outcome(self) -> dict[str, Any]:
-        """What graders and reports read: the env's ``correct`` flag and extracted answer (when
-        it gives them), the last turn's finish reason and the requests the turns took."""
+        """What graders and reports read: the env's ``correct`` flag and answer (when it gives
+        them: its ``answer_key``, the answer's class for maj@k, else its extracted answer),
+        the last turn's finish reason and the requests the turns took."""
         turns = self.session.turns
-        answer = self.info.get("extracted_answer")
+        key = "answer_key" if "answer_key" in self.info else "extracted_answer"
+        answer = self.info.get(key)
         correct = self.info.get("correct")
         return {
             "correct": None if correct is None else bool(correct),

@@ -248,3 +248,23 @@ def test_a_reply_that_mentions_a_tool_call_tag_is_all_content(reply):
     _, reward, _, _, info = answer(vime.make("vime/Math-v0"), reply, task=task)
     assert reward == 1.0 and "tool_calls" not in info
     assert vime.make("vime/Math-v0").parse_action(reply) == {"role": "assistant", "content": reply}
+
+
+def test_maj_at_k_votes_on_the_graders_answer_classes():
+    from vime.eval.metrics import maj_at_k
+
+    task = {"id": "k", "question": "What is 10 cubed?", "answer": "1000"}
+    env = vime.make("vime/Math-v0")
+    replies = [
+        "\\boxed{999}",
+        "\\boxed{999}",
+        "\\boxed{1,000}",
+        "\\boxed{1000}",
+        "\\boxed{x = 1000}",
+    ]
+    infos = [answer(env, r, task=task)[4] for r in replies]
+    keys = [i["answer_key"] for i in infos]
+    assert keys == ["999", "999", "1000", "1000", "1000"]
+    assert maj_at_k(keys, [bool(i["correct"]) for i in infos], 5) == 1.0
+    unparsable = [answer(env, r, task=task)[4] for r in ["no idea", "\\boxed{6 + 994}", "hmm"]]
+    assert [i["answer_key"] for i in unparsable] == [None, None, None]

@@ -59,8 +59,9 @@ def test_majority_vote_breaks_ties_by_first_appearance():
     assert majority_vote(["7", "3", "3", "7"]) == 0  # tie 2-2: "7" appeared first
     assert majority_vote(["3", "7", "7", "3"]) == 0
     assert majority_vote(["1", "2", "2"]) == 1
-    assert majority_vote([None, "5", None]) == 1  # unparsable answers do not vote
-    assert majority_vote([None, None]) is None
+    assert majority_vote([None, "5", None]) == 0  # unparsable answers vote "invalid"
+    assert majority_vote(["5", None, None]) == 1
+    assert majority_vote([None, "5"]) == 0  # tie: "invalid" was seen first
 
 
 def test_maj_at_k_votes_on_the_first_k_samples():
@@ -71,6 +72,20 @@ def test_maj_at_k_votes_on_the_first_k_samples():
     assert maj_at_k(answers, correct, 4) == 1.0  # 2-2 tie: "42" appeared first
     assert maj_at_k(answers, correct, 5) == 1.0
     assert maj_at_k([None, None, "1"], [False, False, True], 2) == 0.0
+
+
+def test_maj_at_k_votes_on_the_env_graders_classes():
+    # the issue's example: 3 of 5 answers are right, written three ways
+    answers = ["999", "999", "1000", "1000", "1000"]  # Math-v0's answer_key of each sample
+    assert maj_at_k(answers, [False, False, True, True, True], 5) == 1.0
+    # samples graded right vote together even when an env gives no canonical form
+    written = ["999", "999", "1,000", "1000", "x = 1000"]
+    assert maj_at_k(written, [False, False, True, True, True], 5) == 1.0
+
+
+def test_unparsable_answers_vote_invalid_and_can_win():
+    assert maj_at_k([None, None, None, "7"], [False, False, False, True], 4) == 0.0
+    assert maj_at_k([None, "7", "7"], [False, True, True], 3) == 1.0
 
 
 def test_maj_at_k_rejects_bad_input():

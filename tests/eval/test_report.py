@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from vime.eval.metrics import pass_at_k
-from vime.eval.report import html, summarize, write_reports
+from vime.eval.report import html, markdown, summarize, write_reports
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -139,3 +139,12 @@ def test_report_html_renders_in_headless_chromium(tmp_path):
     assert non_white > 0.01 * size[0] * size[1]
     assert console == []
     assert json.loads((tmp_path / "summary.json").read_text())["num_failed"] == 1
+
+
+def test_the_report_states_the_maj_at_k_definition():
+    rows = results(row("a", 0, True, "7"), row("a", 1, False, None), row("a", 2, False, None))
+    s = summarize([{"id": "a"}], rows, n=3, ks=[3])
+    assert s["maj@3"] == 0.0  # two unparsable answers: "invalid" wins
+    meta = {"model": "m", "env": "e", "n": 3, "temperature": 1.0, "max_tokens": 8}
+    assert 'votes "invalid", which can win' in markdown(s, meta)
+    assert "votes &quot;invalid&quot;, which can win" in html(s, meta)

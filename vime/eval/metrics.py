@@ -52,33 +52,40 @@ def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
     return math.fsum(values) / len(values)
 
 
-def majority_vote(answers: Sequence[Hashable | None]) -> int | None:
-    """Index of the sample whose answer wins a majority vote, or None if no sample has an
-    answer. ``None`` answers (unparsable) do not vote. Ties go to the answer that appears
-    first, and the index returned is that answer's first occurrence, so the result is
-    deterministic and independent of hashing order."""
+_INVALID = ("invalid",)  # the vote of a sample without a valid answer
+_RIGHT = ("right",)  # the class of every sample graded correct
+
+
+def majority_vote(answers: Sequence[Hashable | None]) -> int:
+    """Index of the first sample of the answer class that wins a plurality vote.
+
+    Equal answers form one class; ``None`` answers (unparsable, or rejected by the env's
+    grader) form one more, "invalid", which votes like any other and can win. Ties go to the
+    class seen first, so the result is deterministic and independent of hashing order.
+    """
+    if not answers:
+        raise ValueError("majority_vote: no answers given")
     votes: dict[Hashable, int] = {}
     first: dict[Hashable, int] = {}
     for i, answer in enumerate(answers):
-        if answer is None:
-            continue
-        votes[answer] = votes.get(answer, 0) + 1
-        first.setdefault(answer, i)
-    if not votes:
-        return None
+        label = _INVALID if answer is None else ("answer", answer)
+        votes[label] = votes.get(label, 0) + 1
+        first.setdefault(label, i)
     winner = max(votes, key=lambda a: (votes[a], -first[a]))
     return first[winner]
 
 
 def maj_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int) -> float:
-    """maj@k of one task: 1.0 if the majority answer among the *first* k samples is correct.
+    """maj@k of one task: 1.0 if the answer class that wins the vote among the *first* k
+    samples is the right one.
 
-    ``answers[i]`` is sample i's comparable answer (for example a normalised final number;
-    None when none was extracted) and ``correct[i]`` whether sample i was graded correct.
-    The vote is taken on the first k samples in sample order (not an expectation over all
-    k-subsets): deterministic, cheap, and what "maj@k with k samples" reports. Ties go to
-    the answer seen first (:func:`majority_vote`); the winner is graded by its first
-    occurrence. No answer among the k samples scores 0.0.
+    Classes come from the env's own grader: every sample it graded correct (``correct[i]``)
+    is equivalent to the gold answer, so all of them vote together, whatever their written
+    form (``1,000``, ``1000``, ``x = 1000``). A sample graded wrong votes for its
+    ``answers[i]``, the env's canonical form of its answer (Math-v0's ``answer_key``), or for
+    "invalid" when that is None (nothing parsable, or an answer the grader rejected). Invalid
+    can win, and then maj@k is 0.0. The vote is taken on the first k samples in sample order
+    (not an expectation over k-subsets); ties go to the class seen first.
     """
     if len(answers) != len(correct):
         raise ValueError(
@@ -87,8 +94,10 @@ def maj_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int
         )
     if not 1 <= k <= len(answers):
         raise ValueError(f"maj_at_k: need 1 <= k <= {len(answers)} samples, got k={k}")
-    winner = majority_vote(answers[:k])
-    return 0.0 if winner is None else float(bool(correct[winner]))
+    classes = [
+        _RIGHT if right else answer for answer, right in zip(answers[:k], correct[:k], strict=True)
+    ]
+    return float(bool(correct[majority_vote(classes)]))
 
 
 def mean_reward(rewards_per_task: Iterable[Sequence[float]]) -> float:

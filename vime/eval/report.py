@@ -23,7 +23,8 @@ def summarize(
     """Metrics over the recorded samples of ``tasks`` (failed samples count as incorrect).
 
     pass@k is the unbiased estimator per task averaged over tasks; maj@k is reported when
-    the env gives comparable answers (``extracted_answer``); each metric has a 95% bootstrap
+    the env gives comparable answers (``answer_key`` or ``extracted_answer``; see
+    :data:`MAJ_AT_K_DEFINITION`); each metric has a 95% bootstrap
     interval over tasks under ``<metric>_ci``.
     """
     per_task = []
@@ -73,6 +74,14 @@ def summarize(
     return summary
 
 
+MAJ_AT_K_DEFINITION = (
+    "maj@k: a plurality vote over each task's first k samples, on answer classes formed by the "
+    "env's own grader (every answer it graded right is one class, whatever its written form; "
+    "a wrong one votes for its canonical answer); an unparsable or rejected answer votes "
+    '"invalid", which can win and then scores 0; ties go to the class seen first.'
+)
+
+
 def _metric(summary: dict[str, Any], name: str, values: list[float | None]) -> None:
     present = [v for v in values if v is not None]
     if not present:
@@ -120,6 +129,8 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         ci = summary.get(f"{name}_ci")
         span = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "n/a"
         lines.append(f"| {name} | {_fmt(summary[name])} | {span} |")
+    if any(name.startswith("maj@") for name in summary):
+        lines += ["", MAJ_AT_K_DEFINITION]
     if summary["failures"]:
         lines += ["", "## Failures", "", "| reason | samples |", "|---|---|"]
         lines += [f"| {r} | {c} |" for r, c in sorted(summary["failures"].items())]
@@ -180,6 +191,7 @@ td:first-child, th:first-child {{ text-align: left; }}
 {summary["num_samples"]}/{summary["num_expected"]} recorded, {summary["num_failed"]} failed
 (counted as incorrect).</p>
 <table><tr><th>metric</th><th>value</th><th>95% CI</th></tr>{metric_rows}</table>
+{"<p>" + _esc(MAJ_AT_K_DEFINITION) + "</p>" if any(k.startswith("maj@") for k in summary) else ""}
 {"<h2>Failures</h2><table><tr><th>reason</th><th>samples</th></tr>" + failures + "</table>" if failures else ""}
 <div class="plots">{pass_svg}{hist_svg}</div>
 <h2>Tasks</h2>
