@@ -220,7 +220,13 @@ async def build_package(
                 break
             report.candidates += 1
             original = files[m.path]
-            patch_old, patch_new = unique_edit(original, m.start, m.end, m.old, m.new)
+            try:
+                patch_old, patch_new = unique_edit(original, m.start, m.old, m.new)
+                fix_old, fix_new = unique_edit(
+                    _replaced(original, patch_old, patch_new), m.start, m.new, m.old
+                )
+            except ValueError:  # a line repeated across the whole file: no unique edit
+                continue
             mutant = apply_edits(files, [{"path": m.path, "old": patch_old, "new": patch_new}])
             await box.write_file(m.path, mutant[m.path])
             try:
@@ -229,7 +235,6 @@ async def build_package(
                 await box.write_file(m.path, original)
             if not run.failed or run.timed_out:
                 continue  # the tests do not catch it (or it hangs): not a task
-            fix_old, fix_new = unique_edit(mutant[m.path], m.start, m.end, m.new, m.old)
             tasks.append(
                 {
                     "id": f"{name}-{len(tasks):04d}",
@@ -255,6 +260,10 @@ async def build_package(
             )
     log.info("%s: %d tasks from %d candidates", requirement, len(tasks), report.candidates)
     return repo, files, tasks, report
+
+
+def _replaced(text: str, old: str, new: str) -> str:
+    return text.replace(old, new, 1)
 
 
 def split_of(task_id: str, eval_fraction: float) -> str:

@@ -223,14 +223,15 @@ def mutations(path: str, text: str) -> list[Mutation]:
     return found
 
 
-def unique_edit(text: str, start: int, end: int, old: str, new: str) -> tuple[str, str]:
+def unique_edit(text: str, start: int, old: str, new: str) -> tuple[str, str]:
     """``(old, new)`` widened by whole lines of context until ``old`` occurs once in
-    ``text`` (``old`` being lines ``start``..``end``), for a str_replace-style edit."""
+    ``text``, where ``old`` is the text of ``text``'s lines from ``start`` (1-based; it may be
+    empty, for an insertion before that line), for a str_replace-style edit."""
     lines = text.splitlines(keepends=True)
-    before, after = start - 1, end
+    before, after = start - 1, start - 1 + old.count("\n")
     while text.count(old) != 1:
         if before == 0 and after >= len(lines):
-            raise ValueError("no unique context around the edit")
+            raise ValueError(f"no unique context around line {start}")
         if before > 0:
             before -= 1
             old, new = lines[before] + old, lines[before] + new

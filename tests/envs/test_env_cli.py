@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -84,9 +85,9 @@ def test_env_list_shows_the_builtin_envs_and_not_gymnasiums():
     result = vime_cmd("env", "list")
     assert result.returncode == 0, result.stderr
     ids = [line.split()[0] for line in result.stdout.splitlines()]
-    assert {"vime/Math-v0", "vime/GuessNumber-v0"} <= set(ids)
+    assert {"vime/Math-v0", "vime/GuessNumber-v0", "vime/ReasoningGym-v0"} <= set(ids)
     assert "CartPole-v1" not in ids
-    assert "vime/Math-v0         vime.envs.math_env:MathEnv" in result.stdout
+    assert re.search(r"^vime/Math-v0 +vime\.envs\.math_env:MathEnv$", result.stdout, re.M)
 
 
 def test_env_list_shows_envs_of_installed_plugins(tmp_path):

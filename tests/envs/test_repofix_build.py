@@ -46,7 +46,9 @@ def test_every_mutant_compiles_and_differs_from_the_original():
 
 def test_a_repeated_line_is_widened_with_context_until_unique():
     text = "a = 1\nx = 0\nb = 2\nx = 0\n"
-    assert unique_edit(text, 4, 4, "x = 0\n", "x = 1\n") == ("b = 2\nx = 0\n", "b = 2\nx = 1\n")
+    assert unique_edit(text, 4, "x = 0\n", "x = 1\n") == ("b = 2\nx = 0\n", "b = 2\nx = 1\n")
+    # an insertion (the fix of a dropped branch) gets the lines around it
+    assert unique_edit(text, 3, "", "if x:\n") == ("x = 0\nb = 2\n", "x = 0\nif x:\nb = 2\n")
 
 
 RUNNER_TESTS = """import unittest
