@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "vime.cli.rollout_cmd",
     "vime.cli.train_cmd",
     "vime.cli.eval_cmd",
+    "vime.cli.tasks_cmd",
     "vime.cli.view_cmd",
 ]
 
