@@ -18,7 +18,7 @@ fi
 mkdir -p "$(dirname "$out")"
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
   --disable-background-networking --disable-component-update --disable-sync \
-  --user-data-dir="$tmp/profile" --hide-scrollbars --window-size=1400,1400 \
+  --user-data-dir="$tmp/profile" --hide-scrollbars --window-size=1400,1700 \
   --virtual-time-budget=10000 --screenshot="$(realpath -m "$out")" \
   "file://$tmp/view.html#t=$episode" 2>/dev/null
 echo "wrote $out"

@@ -228,7 +228,7 @@
     if (b.metadata && b.metadata.segments) add(`split: ${b.metadata.segments} earlier segment(s)`, true);
     if (b.metadata && b.metadata.carried_over) add("carried over from an earlier step", true);
     if (b.group_kept === false) add("group left out by --group-filter", true);
-    if (idx.mismatch[i] !== null) add(`max |trainer − rollout| ${fmt(idx.mismatch[i], 4)}`, idx.mismatch[i] > 0.5);
+    if (idx.mismatch[i] !== null) add(`max |trainer − rollout| ${signed(idx.mismatch[i])}`, idx.mismatch[i] > 0.5);
     if (b.turn_rewards && b.turn_rewards.length) add(`turn rewards ${b.turn_rewards.map((r) => fmt(r, 2)).join(", ")}`);
     for (const key of ["answer", "finish_reason", "seconds", "attempts"]) if (b[key] !== undefined && b[key] !== null && b[key] !== "") add(`${key} ${b[key]}`);
     return out;
