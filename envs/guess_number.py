@@ -12,6 +12,15 @@ from vime.errors import EnvError
 from vime.types import Message
 
 _INTEGER = re.compile(r"-?\d+")
+_MAX_DIGITS = 18  # a longer number is out of any range; int() of thousands of digits raises
+
+
+def _as_guess(number: str) -> int:
+    """The integer written as ``number``, clamped to +-10**18 (far outside any range)."""
+    digits = number.lstrip("-")
+    if len(digits.lstrip("0")) > _MAX_DIGITS:
+        return -(10**_MAX_DIGITS) if number.startswith("-") else 10**_MAX_DIGITS
+    return int(number)
 
 
 class GuessNumberEnv(Env):
@@ -66,7 +75,7 @@ class GuessNumberEnv(Env):
             info["no_number"] = 1.0
             verdict, reward = "I found no number in your reply.", 0.0
         else:
-            guess = int(numbers[-1])
+            guess = _as_guess(numbers[-1])
             if guess == self.secret:
                 info["won"] = 1.0
                 reply = f"Correct! The number was {self.secret}, found in {self.guesses} guesses."

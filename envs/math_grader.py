@@ -5,7 +5,6 @@ hedge, then compare with math-verify. The rules are documented in docs/envs.md (
 from __future__ import annotations
 
 import logging
-import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -17,9 +16,15 @@ _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 _E_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
 _UNIT_WORD = re.compile(r"(?<![\\A-Za-z])([A-Za-z]{2,}\.?)\s*$")
+# Two different numbers offered as the answer: "7 or 8", "7, 8", "7 8" (a final line that is a
+# list); "8 + 6 = 14" is not a list. Thousands separators ("1,000") stay inside one number.
+_NUM = r"(?<![\d.])-?\d+(?:\.\d+)?"
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _HEDGE = re.compile(
-    r"(-?\d[\d,]*(?:\.\d+)?)\s*(?:,?\s*\bor\b|\\text\{\s*or\s*\})\s*(-?\d[\d,]*(?:\.\d+)?)"
+    rf"({_NUM})(?:\s*(?:,|;|\bor\b|\band\b|\\text\{{\s*or\s*\}})\s*|\s+)({_NUM})(?!\d)"
 )
+_OR_WORDS = re.compile(r"\\(?:lor|vee|pm|mp)(?![A-Za-z])|\bor\b")
+_FRACTION = re.compile(r"\\frac\{(-?\d+)\}\{(\d+)\}")
 
 
 @dataclass(frozen=True)
@@ -69,11 +74,14 @@ def _expand_e_notation(match: re.Match[str]) -> str:
 
 
 def hedges(text: str) -> bool:
-    """Whether ``text`` offers two different numbers as the answer ("7 or 8")."""
-    for first, second in _HEDGE.findall(text):
-        if first.replace(",", "") != second.replace(",", ""):
-            return True
-    return False
+    """Whether ``text`` offers two different numbers as the answer ("7 or 8", "7, 8")."""
+    return any(first != second for first, second in _HEDGE.findall(_THOUSANDS.sub("", text)))
+
+
+def integer_fraction(answer: str) -> bool:
+    """Whether ``answer`` holds an integer written as a fraction (``\\frac{28}{2}``):
+    math-verify evaluates fractions, so their structure is gone after parsing."""
+    return any(int(q) and int(p) % int(q) == 0 for p, q in _FRACTION.findall(answer))
 
 
 def grade(
@@ -95,7 +103,8 @@ def grade(
     boxes = [normalize_answer(b) for b in boxed_answers(response)]
     if boxes:
         predicted = parse(f"\\boxed{{{boxes[-1]}}}", parsing_timeout=None)
-        hedged = hedges(boxes[-1]) or _boxes_disagree(boxes, predicted)
+        hedged = bool(_OR_WORDS.search(boxes[-1])) or hedges(boxes[-1])
+        hedged = hedged or _boxes_disagree(boxes, predicted)
     else:
         tail = response[-FALLBACK_CHARS:]
         predicted = parse(tail, parsing_timeout=None)
@@ -105,9 +114,10 @@ def grade(
     if not gold_parsed or not predicted:
         return MathGrade(False, extracted, None)
     value = predicted[0]
-    if hedged or (_is_set(value) and not _is_set(gold_parsed[0])):
+    if not _several(gold_parsed[0]) and (hedged or _several(value)):
         return MathGrade(False, extracted, None, "several_answers")
-    if values_only and not needs_evaluating(gold_parsed[0]) and needs_evaluating(value):
+    value_expected = values_only and not needs_evaluating(gold_parsed[0])
+    if value_expected and (needs_evaluating(value) or integer_fraction(extracted)):
         return MathGrade(False, extracted, None, "not_a_value")
     if question is not None and restates_question(extracted, question, gold):
         return MathGrade(False, extracted, None, "restates_question")
@@ -131,10 +141,13 @@ def _boxes_disagree(boxes: list[str], final: list[Any]) -> bool:
     return False
 
 
-def _is_set(value: Any) -> bool:
-    from sympy import FiniteSet
+def _several(value: Any) -> bool:
+    """Whether a parsed answer holds several values (a set, tuple, interval or union)."""
+    from sympy import FiniteSet, Interval, Tuple, Union
 
-    return isinstance(value, FiniteSet) and len(value) > 1
+    if isinstance(value, FiniteSet):
+        return len(value) > 1
+    return isinstance(value, Interval | Tuple | Union)
 
 
 def answer_key(value: Any, written: str) -> str:
@@ -186,7 +199,7 @@ def _numeric(e: Any) -> bool:
 
 def _written_value(e: Any) -> bool:
     """The numeric forms that count as values: a number, ``-x``, ``1/q``, a fraction
-    ``p/q`` in lowest terms, and scientific notation ``a \\times 10^{n}``."""
+    ``p/q`` that is not an integer, and scientific notation ``a \\times 10^{n}``."""
     from sympy import Mul, Pow
 
     if e.is_Number:
@@ -207,8 +220,8 @@ def _written_value(e: Any) -> bool:
         and a.is_Integer
         and b.exp == -1
         and b.base.is_Integer
-        and abs(b.base) > 1
-        and math.gcd(int(a), int(b.base)) == 1
+        and int(b.base) != 0
+        and int(a) % int(b.base) != 0
     )
 
 
