@@ -53,6 +53,7 @@ class TrajectoryBuilder:
         self._seg = _Segment()
         self.drift_count = 0
         self.drift_masked_tokens = 0
+        self.drift_at: list[int] = []  # where mask-mode drifts replaced ids, for viewers
         self.num_turns = 0
 
     @property
@@ -91,6 +92,7 @@ class TrajectoryBuilder:
             return False
         keep = _common_prefix(seg.ids, prompt_ids)
         self.drift_masked_tokens += sum(seg.mask[keep:])
+        self.drift_at = [p for p in self.drift_at if p < keep] + [keep]
         del seg.ids[keep:], seg.mask[keep:], seg.logprobs[keep:], seg.versions[keep:]
         seg.extend(prompt_ids[keep:], None, -1)
         seg.prompt_length = min(seg.prompt_length, keep)
@@ -153,7 +155,8 @@ class TrajectoryBuilder:
         metadata: dict[str, Any] | None = None,
     ) -> Trajectory:
         """The finished trajectory; earlier samples of a split episode go into
-        ``metadata["segments"]`` (see :func:`training_samples`)."""
+        ``metadata["segments"]`` (see :func:`training_samples`), and the token indices from
+        which a masked drift replaced the ids into ``metadata["drift_at"]``."""
         metrics = {
             **(metrics or {}),
             "num_turns": float(self.num_turns),
@@ -173,6 +176,8 @@ class TrajectoryBuilder:
             for i, s in enumerate(self._done)
         ]
         meta = dict(metadata or {})
+        if self.drift_at:
+            meta["drift_at"] = list(self.drift_at)
         if earlier:
             meta["segments"] = earlier
             meta["segment"] = len(earlier)

@@ -62,6 +62,10 @@ async def test_drift_is_detected_and_masked(env_cls, drifting_stub, drifting_cli
     assert traj.status is Status.COMPLETED
     assert traj.metrics["drift_count"] == 4  # turns 2..5 each see a rewritten history
     assert traj.metrics["drift_masked_tokens"] > 0
+    # Where the rewritten history starts: engine prompt ids from there on, never trained.
+    drift_at = traj.metadata["drift_at"]
+    assert drift_at == sorted(drift_at) and drift_at[0] >= traj.prompt_length
+    assert all(traj.loss_mask[p] == 0 for p in drift_at)
     final_prompt = engine_prompt(drifting_stub, drifting_stub.requests[-1])
     # The record is what the engine saw last, plus the last reply; only provable ids are trained.
     assert traj.token_ids[: len(final_prompt)] == final_prompt

@@ -117,6 +117,8 @@ def episode(rng: random.Random, step: int, task: int, sample: int, *, trainer: b
             lp + (rng.gauss(0, 0.02) if m else 0.0) for lp, m in zip(lps, mask, strict=True)
         ]
     drift = 1.0 if rng.random() < 0.03 else 0.0
+    if drift:  # the second prompt re-tokenised the first reply's end differently
+        metadata["drift_at"] = [mask.index(0, len(prompt)) - 2]
     return Trajectory(
         token_ids=ids,
         loss_mask=mask,

@@ -155,6 +155,22 @@ def test_an_opened_episode_shows_the_dump_tokens_mask_and_logprobs(page, run):
     assert page.errors == []
 
 
+def test_drift_marks_stand_before_the_token_where_the_ids_were_replaced(page, run):
+    records = dump_records(run)
+    k, record = next((k, r) for k, r in enumerate(records) if r["metadata"].get("drift_at"))
+    page.js(f"document.getElementById('list').scrollTop = {k} * 26")
+    page.js(f"document.querySelector('#list .row[data-i=\"{k}\"]').click()")
+    page.wait_for("!!document.querySelector('#detail .tokens')")
+    before = page.js(
+        "(() => { const d = document.querySelector('#detail .tokens .drift'); let n = 0;"
+        "for (let s = d.previousElementSibling; s; s = s.previousElementSibling)"
+        "  if (s.classList.contains('tok')) n++; return n; })()"
+    )
+    assert before == record["metadata"]["drift_at"][0]
+    assert "drift ×1" in page.js("document.querySelector('#detail .badges').textContent")
+    assert page.errors == []
+
+
 def test_model_text_with_script_and_html_runs_nothing(page, run):
     set_input(page, "f-text", "window.__pwned")
     assert count(page) > 0

@@ -282,8 +282,14 @@
     const box = el("div", { class: "tokens" });
     let s = 0, lastVersion = null;
     const frag = document.createDocumentFragment();
+    const drifts = new Set((e.body.metadata || {}).drift_at || []);
     for (let k = 0; k < e.ids.length; k++) {
       const id = e.ids[k];
+      if (drifts.has(k)) {
+        frag.append(el("span", { class: "drift", title: "drift: the engine's prompt diverged from " +
+          "the ids so far here; what the model had sampled from this point was replaced by the " +
+          "engine's ids and is not trained" }, "drift"));
+      }
       const piece = pieces[id] !== undefined ? pieces[id] : `⟨${id}⟩`;
       const span = document.createElement("span");
       span.textContent = piece.replace(/\n/g, "↵\n");
