@@ -349,11 +349,13 @@ def test_the_tests_are_out_of_the_answers_reach():
 @pytest.mark.parametrize(
     "vandalism",
     [
-        "os.mkdir('vime_harness.py'); os.mkdir('vime_tests.json')",
-        "os.mkfifo('vime_harness.py'); os.mkfifo('vime_tests.json')",
+        # where main's harness wrote its files: it raised IsADirectoryError out of step
+        "os.remove('vime_harness.py'); os.mkdir('vime_harness.py')",
+        "os.remove('vime_tests.json'); os.mkfifo('vime_tests.json')",
         "open('json.py', 'w').write('raise SystemExit(0)'); "
         "open('sitecustomize.py', 'w').write('import os; os._exit(0)')",
         "os.chmod('.', 0o500)",
+        "os.mkdir('python3'); os.mkdir('json')",
         "import shutil; shutil.rmtree(os.getcwd())",
     ],
 )

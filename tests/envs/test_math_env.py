@@ -192,8 +192,9 @@ def test_an_expression_that_still_needs_evaluating_scores_zero(task, reply):
         "Either \\boxed{8} or \\boxed{7}",
     ],
 )
-def test_several_different_final_answers_score_zero(reply):
-    task = {"id": "8", "question": "What is 5 + 3?", "answer": "8"}
+@pytest.mark.parametrize("gold", ["7", "8"])
+def test_several_different_final_answers_score_zero(reply, gold):
+    task = {"id": gold, "question": "What is 5 + 3?", "answer": gold}
     _, reward, _, _, info = answer(vime.make("vime/Math-v0"), reply, task=task)
     assert (reward, info["answer_rejected"]) == (0.0, "several_answers")
 
