@@ -12,7 +12,9 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name", ["qwen3_math_megatron", "coding_agent_docker", "async_math"])
+@pytest.mark.parametrize(
+    "name", ["qwen3_math_megatron", "coding_agent_docker", "async_math", "repofix_agent"]
+)
 def test_example_launch_script_dry_runs(name: str) -> None:
     env = {
         **os.environ,
