@@ -168,8 +168,11 @@ async def test_a_bash_command_runs_in_the_repository_root(env):
     assert text == "test_stats.py\n10"
 
 
-async def test_sixty_four_concurrent_episodes_share_nothing():
-    envs = [RepoFixEnv(tasks=[TASK], sandbox="local") for _ in range(64)]
+@pytest.mark.parametrize(
+    "backend", ["local", pytest.param("docker", marks=[pytest.mark.slow, pytest.mark.docker])]
+)
+async def test_sixty_four_concurrent_episodes_share_nothing(backend):
+    envs = [RepoFixEnv(tasks=[TASK], sandbox=backend) for _ in range(64)]
     await asyncio.gather(*(e.areset(options={"task": TASK}) for e in envs))
     await asyncio.gather(
         *(
