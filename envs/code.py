@@ -12,7 +12,7 @@ from vime.envs.base import Env
 from vime.envs.code_grader import TestReport, extract_code, plan_for, run_tests, solution_source
 from vime.envs.episode_sandbox import EpisodeSandbox
 
-from vime.data import TaskFileError, load_tasks, validate_task
+from vime.data import TaskFileError, draw_tasks, load_tasks, validate_task
 from vime.errors import EnvError
 from vime.types import Message
 
@@ -138,13 +138,7 @@ class CodeEnv(Env):
         """Tasks for a training or evaluation run: the whole pool (the env's ``tasks``, else
         all 164 HumanEval problems) when ``count`` covers it, else ``count`` of them drawn
         without replacement with ``seed``."""
-        pool = self.task_pool()
-        if count >= len(pool):
-            return [dict(t) for t in pool]
-        import numpy as np
-
-        picked = np.random.default_rng(seed).choice(len(pool), size=count, replace=False)
-        return [dict(pool[int(i)]) for i in picked]
+        return draw_tasks(self.task_pool(), count, seed=seed)
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -22,6 +22,7 @@ from vime.envs.repofix.tasks import (
 from vime.envs.repofix.testing import TestRun, run_tests
 from vime.envs.tools import tool
 
+from vime.data import draw_tasks
 from vime.errors import EnvError
 from vime.types import Message
 
@@ -156,13 +157,7 @@ class RepoFixEnv(ToolEnv):
     def generate_tasks(self, count: int, *, seed: int) -> list[dict[str, Any]]:
         """``count`` rows of the pool drawn without replacement with ``seed`` (all of them
         when ``count`` covers it)."""
-        pool = self.task_pool()
-        if count >= len(pool):
-            return [dict(t) for t in pool]
-        import numpy as np
-
-        picked = np.random.default_rng(seed).choice(len(pool), size=count, replace=False)
-        return [dict(pool[int(i)]) for i in sorted(picked)]
+        return draw_tasks(self.tasks, count, seed=seed)
 
     # --- tools ---
     @tool
@@ -276,12 +271,6 @@ class RepoFixEnv(ToolEnv):
         return await run_tests(box, selectors, timeout=self.test_timeout, files=files)
 
     # --- the episode ---
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[Message], dict[str, Any]]:
-        """Sync :meth:`areset`."""
-        return self._run_sync(self.areset(seed=seed, options=options))
-
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:

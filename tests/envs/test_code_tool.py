@@ -20,14 +20,9 @@ ADD_TASK = {
 }
 
 
-def call(name: str, **arguments) -> dict:
-    """An assistant message calling one tool."""
-    function = {"name": name, "arguments": json.dumps(arguments)}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"id": "c", "type": "function", "function": function}],
-    }
+def call(name: str, **arguments) -> str:
+    """A Hermes-style tool call, as a model writes it (the env parses it)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def fenced(code: str) -> dict:

@@ -57,19 +57,9 @@ TASK = {
 }
 
 
-def call(name: str, **arguments) -> dict:
-    """An assistant message calling one tool."""
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "c1",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
-        ],
-    }
+def call(name: str, **arguments) -> str:
+    """A Hermes-style tool call, as a model writes it (the env parses it)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 async def tool_text(env: RepoFixEnv, name: str, **arguments) -> str:

@@ -4,7 +4,7 @@ and the line or row at fault."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +101,15 @@ def _parquet_rows(path: Path) -> Iterable[tuple[str, Any]]:
         raise TaskFileError(f"{path}: not a readable Parquet file: {exc}") from exc
     for number, row in enumerate(table.to_pylist(), 1):
         yield f"{path} row {number}", row
+
+
+def draw_tasks(pool: Sequence[dict[str, Any]], count: int, *, seed: int) -> list[dict[str, Any]]:
+    """Copies of ``count`` rows of ``pool`` drawn without replacement with ``seed`` (all of
+    them, in order, when ``count`` covers the pool): an env's ``generate_tasks`` over a
+    fixed benchmark."""
+    if count >= len(pool):
+        return [dict(t) for t in pool]
+    import numpy as np
+
+    picked = np.random.default_rng(seed).choice(len(pool), size=count, replace=False)
+    return [dict(pool[int(i)]) for i in picked]
