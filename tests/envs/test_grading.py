@@ -4,6 +4,7 @@ hard time limit, off the event loop, and the workers never outlive their process
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -189,3 +190,57 @@ async def test_one_huge_answer_neither_stalls_the_loop_nor_delays_other_episodes
     assert [r for r, _, _ in others] == [1.0] * 31
     assert max(t for _, _, t in others) < 1.5  # on time: not behind the 2 s grader limit
     assert stall < 0.1
+
+
+RAY_SCRIPT = """
+import json, os, time
+import ray
+
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+
+@ray.remote
+class Grader:
+    def grade(self):
+        import vime
+        from vime.envs.grading import grader_pool
+
+        env = vime.make("vime/Math-v0", grader_timeout=1.0)
+        rewards = []
+        for task, reply in [
+            ({"id": "a", "question": "What is 8 + 6?", "answer": "14"}, "\\\\boxed{14}"),
+            (
+                {"id": "b", "question": "q", "answer": "1", "answer_type": "expression"},
+                "\\\\boxed{9^{9^{9}}}",
+            ),
+        ]:
+            env.reset(options={"task": task})
+            _, reward, _, _, info = env.step(reply)
+            rewards.append([reward, info["grader_timeout"]])
+        return {"rewards": rewards, "actor": os.getpid(), "workers": grader_pool().pids}
+
+
+actor = Grader.remote()
+out = ray.get(actor.grade.remote(), timeout=300)
+ray.kill(actor)
+print(json.dumps(out), flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_grading_works_in_a_ray_actor_and_its_workers_die_with_the_actor(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", RAY_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["rewards"] == [[1.0, 0.0], [0.0, 1.0]]  # graded; the huge one killed at 1 s
+    assert out["workers"] and out["actor"] not in out["workers"]
+    assert _wait_gone(out["workers"]) == []  # the actor was killed: its workers went with it
