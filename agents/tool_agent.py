@@ -72,12 +72,14 @@ class Episode:
                 action = await self.session.complete(self.messages, tools)
             except (ContextLimitReached, ContextTooLong) as exc:
                 self.status, self.stop_reason = Status.TRUNCATED, f"context: {exc}"
+                await self._finish()
                 return
             if self.session.context_full:
                 # The reply was cut by the context window: not a move the env should grade.
                 self.messages.append(action)
                 limit = self.config.max_context_tokens
                 self.status, self.stop_reason = Status.TRUNCATED, f"context: reached {limit} tokens"
+                await self._finish()
                 return
             self.messages.append(action)
             observation, reward, terminated, truncated, info = await self.env.astep(action)
@@ -92,6 +94,17 @@ class Episode:
                 self.status, self.stop_reason = Status.TRUNCATED, "env truncated"
                 return
         self.status, self.stop_reason = Status.TRUNCATED, f"max_turns={self.config.max_turns}"
+        await self._finish()
+
+    async def _finish(self) -> None:
+        """An env that grades episodes cut short from outside (RepoFix-v0 grades the
+        repository as it is) has ``afinish() -> (reward, info)``: that reward ends the list."""
+        finish = getattr(getattr(self.env, "unwrapped", self.env), "afinish", None)
+        if finish is not None:
+            reward, info = await finish()
+            self.turn_rewards.append(float(reward))
+            self.info = dict(info or {})
+            self._add_metrics(info)
 
     def outcome(self) -> dict[str, Any]:
         """What graders and reports read: the env's ``correct`` flag and answer (when it gives

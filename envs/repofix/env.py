@@ -323,6 +323,13 @@ class RepoFixEnv(ToolEnv):
             return observation, reward, self.submitted, not self.submitted, info
         return observation, 0.0, False, False, info
 
+    async def afinish(self) -> tuple[float, dict[str, Any]]:
+        """Grade an episode the agent loop cut short (context window or its own turn limit):
+        the hidden tests run on the repository as it is. Nothing to do once graded."""
+        if self.task is None or self.sandbox.box is None:
+            return 0.0, {}
+        return await self.grade()
+
     async def grade(self) -> tuple[float, dict[str, Any]]:
         """Run the hidden tests on the repository as it is; the reward and the final info.
         The sandbox is closed afterwards."""

@@ -172,3 +172,28 @@ async def test_chat_mode_with_engine_parsed_tool_calls_does_not_drift(
     assert chat.metrics["drift_count"] == 0
     assert chat.token_ids == tokens.token_ids
     assert chat.reward == 1.0
+
+
+class GradedOnCut:
+    """Mixin: an env that grades episodes the loop cuts short (as RepoFix-v0 does)."""
+
+    async def afinish(self):
+        return 0.5, {"graded_on_cut": 1.0}
+
+
+@pytest.mark.parametrize("limit", ["context", "turns"])
+async def test_an_episode_cut_by_the_loop_is_graded_by_an_env_with_afinish(
+    env_cls, stub, client, renderer, limit
+):
+    full = await run(env_cls(), client, SAMPLING, AgentConfig(), renderer=renderer)
+    config = (
+        AgentConfig(max_context_tokens=len(full.token_ids) - 5)
+        if limit == "context"
+        else AgentConfig(max_turns=2)
+    )
+    env = type("Graded", (GradedOnCut, env_cls), {})()
+    traj = await run(env, client, SAMPLING, config, renderer=renderer)
+
+    assert traj.status is Status.TRUNCATED
+    assert traj.reward == 0.5 and traj.turn_rewards[-1] == 0.5
+    assert traj.metrics["graded_on_cut"] == 1.0
