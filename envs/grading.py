@@ -109,6 +109,7 @@ class GraderPool:
             raise ValueError(f"a grader pool needs at least 1 worker, got {size}")
         self.size = size
         self.preload = preload
+        self.owner = os.getpid()
         self.timeouts = 0
         self.crashes = 0
         self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
@@ -267,7 +268,8 @@ def grader_pool() -> GraderPool:
     """This process's grader pool, started (warm, in the background) on first use."""
     global _pool
     with _pool_lock:
-        if _pool is None or _pool._closed:
+        # a forked child must not share its parent's workers (and their pipes)
+        if _pool is None or _pool._closed or _pool.owner != os.getpid():
             _pool = GraderPool(_pool_size, _preload)
         return _pool
 

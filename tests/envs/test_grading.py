@@ -244,3 +244,20 @@ def test_grading_works_in_a_ray_actor_and_its_workers_die_with_the_actor(tmp_pat
     assert out["rewards"] == [[1.0, 0.0], [0.0, 1.0]]  # graded; the huge one killed at 1 s
     assert out["workers"] and out["actor"] not in out["workers"]
     assert _wait_gone(out["workers"]) == []  # the actor was killed: its workers went with it
+
+
+def test_a_forked_child_gets_its_own_workers():
+    parent_workers = set(grader_pool().pids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: grade, and report which worker did it
+        try:
+            os.write(write, str(run_graded(worker_pid, timeout=60)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child_worker = int(f.read() or 0)
+    os.waitpid(pid, 0)
+    assert child_worker and child_worker not in parent_workers
+    assert run_graded(worker_pid, timeout=60) in grader_pool().pids  # the parent's still work
