@@ -215,9 +215,7 @@ def test_registered_and_made_through_vime_make():
 
 async def test_an_episode_cut_by_the_agent_loop_is_graded_once_by_afinish(env):
     fix = TASK["fix"][0]
-    await tool_text(
-        env, call("str_replace", path=fix["path"], old_str=fix["old"], new_str=fix["new"])
-    )
+    await tool_text(env, "str_replace", path=fix["path"], old_str=fix["old"], new_str=fix["new"])
     reward, info = await env.afinish()
     assert reward == 1.0 and info["submitted"] is False and info["turns"] == 1
     assert await env.afinish() == (0.0, {})  # already graded
