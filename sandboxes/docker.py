@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
+from vime.sandboxes import seccomp, workdir
 from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits, shell_argv
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,11 @@ _WRAPPER = (
     f'if [ "$1" -gt 0 ]; then head -c "$1" | tar -x -m -f - '
     f'|| {{ echo "{_FILES_FAILED}" >&2; exit {_TAR_FAILED_EXIT}; }}; fi; '
     't=$2; shift 2; exec timeout -s KILL "$t" "$@"'
+)
+# SIGKILL every process of the sandbox user but this shell (PID 1 runs as another user), until
+# none is left: a call's processes may have dropped the marker (a re-exec with an empty env).
+_KILL_ALL = (
+    'n=0; while [ "$n" -lt 50 ]; do kill -9 -1 2>/dev/null || exit 0; n=$((n + 1)); done; exit 1'
 )
 # SIGKILL every process whose environment holds the marker, until none is left.
 _KILL_MARKED = (
@@ -195,6 +201,12 @@ def _relative(path: str) -> str:
     return str(pure)
 
 
+def _init_user(uid: str) -> str:
+    """The user of the container's PID 1: any other than the calls' ``uid``."""
+    other = "65533" if uid != "65533" else "65532"
+    return f"{other}:{other}"
+
+
 def _tar(files: Mapping[str, str | bytes]) -> bytes:
     """An uncompressed tar of ``files`` (paths relative to the work dir)."""
     buffer = io.BytesIO()
@@ -239,6 +251,13 @@ class DockerSandbox(Sandbox):
     :meth:`close`, which removes the container. Containers are labelled with their owner
     process; those of dead owners are removed when a process starts its first sandbox.
 
+    The container's PID 1 (docker-init) runs as another user than the calls, so they can
+    neither signal it nor write into its output (the container log, which is off anyway); a
+    seccomp profile denies the syscalls of :mod:`vime.sandboxes.seccomp`. A call's kill (at a
+    timeout, on cancel, or when leftovers hold its output) takes every process of the sandbox
+    user when no other call of the sandbox is running, and the call's marked processes
+    otherwise.
+
     Options: ``limits`` or keyword overrides of them (``timeout=5``); ``image``; ``user``;
     ``cpus``; ``work_bytes``; ``tmp_bytes``; ``env`` (extra variables); ``runtime`` (an OCI
     runtime registered with the engine, e.g. "runsc" for gVisor; default: the engine's).
@@ -277,6 +296,7 @@ class DockerSandbox(Sandbox):
         self._volume: str | None = None
         self._calls = itertools.count(1)
         self._oom_kills = 0  # the container's OOM kill count when last read
+        self._in_flight = 0  # calls running now (their threads change it under _lock)
         self._start_lock = asyncio.Lock()
 
     # ---- lifetime -------------------------------------------------------------------------
@@ -318,7 +338,7 @@ class DockerSandbox(Sandbox):
             ) from exc
 
     def _create_container(self, client: Any) -> None:
-        from docker.types import Mount, Ulimit
+        from docker.types import LogConfig, Mount, Ulimit
 
         uid, _, gid = self.user.partition(":")
         # The work dir belongs to the sandbox user, so its calls can write there.
@@ -328,7 +348,10 @@ class DockerSandbox(Sandbox):
             driver_opts={
                 "type": "tmpfs",
                 "device": "tmpfs",
-                "o": f"size={self.work_bytes},mode=0755,uid={uid},gid={gid or uid}",
+                "o": (
+                    f"size={self.work_bytes},nr_inodes={workdir.inodes(self.work_bytes)},"
+                    f"mode=0755,uid={uid},gid={gid or uid}"
+                ),
             },
             labels=self._labels(),
         )
@@ -354,7 +377,9 @@ class DockerSandbox(Sandbox):
                 Ulimit(name="core", soft=0, hard=0),
             ],
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=["no-new-privileges", f"seccomp={seccomp.docker_profile()}"],
+            # Nothing reads the container's log; with none there is no file to flood.
+            log_config=LogConfig(type=LogConfig.types.NONE),
             init=True,  # an init as pid 1 reaps the zombies that exec'd calls leave behind
             runtime=self.runtime,
         )
@@ -363,7 +388,7 @@ class DockerSandbox(Sandbox):
             command=["sleep", "infinity"],
             name=f"vime-sbx-{self.id}",
             hostname="sandbox",
-            user=self.user,
+            user=_init_user(uid),
             working_dir=WORKDIR,
             environment=self.env,
             labels=self._labels(),
@@ -482,24 +507,33 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"docker exec failed in sandbox {self.id}: {exc}") from exc
         raw = getattr(sock, "_sock", sock)
         out, err = _Capture(self.limits.max_output_bytes), _Capture(self.limits.max_output_bytes)
+        with _lock:
+            self._in_flight += 1
         try:
-            if payload:
-                _send_then_close(raw, payload)
-            outcome = _pump(raw, out, err, started + limit + _GRACE, cancelled, exec_id)
-            if outcome != "eof":
-                # Kill what is left of the call: on a timeout, everything; after the command
-                # exited, what it left holding its output open (dockerd stalls the container's
-                # next calls for seconds while an exec's output stays open).
-                self._kill_marked(marker)
-                _pump(raw, out, err, time.monotonic() + _DRAIN, threading.Event(), exec_id)
+            try:
+                if payload:
+                    _send_then_close(raw, payload)
+                outcome = _pump(raw, out, err, started + limit + _GRACE, cancelled, exec_id)
+                if outcome != "eof":
+                    # Kill what is left of the call: on a timeout, everything; after the
+                    # command exited, what it left holding its output open (dockerd stalls the
+                    # container's next calls for seconds while an exec's output stays open).
+                    self._kill_call(marker)
+                    _pump(raw, out, err, time.monotonic() + _DRAIN, threading.Event(), exec_id)
+            finally:
+                sock.close()
+            duration = time.monotonic() - started
+            try:
+                code = client.exec_inspect(exec_id)["ExitCode"]
+            except docker.errors.NotFound:  # the container went away: closed during the call
+                code = None
+            timed_out = outcome == "deadline" or (code == 137 and duration >= limit)
+            if timed_out and outcome == "eof":
+                # `timeout` inside killed the command; what it started and detached is left.
+                self._kill_call(marker)
         finally:
-            sock.close()
-        duration = time.monotonic() - started
-        try:
-            code = client.exec_inspect(exec_id)["ExitCode"]
-        except docker.errors.NotFound:  # the container went away: closed during the call
-            code = None
-        timed_out = outcome == "deadline" or (code == 137 and duration >= limit)
+            with _lock:
+                self._in_flight -= 1
         stderr = err.text()
         if code == 137 and not timed_out and self._new_oom_kill():
             stderr += (
@@ -536,12 +570,19 @@ class DockerSandbox(Sandbox):
         seen, self._oom_kills = self._oom_kills, max(self._oom_kills, kills)
         return kills > seen
 
-    def _kill_marked(self, marker: str) -> None:
-        """SIGKILL the processes of one call, including those that left its process group."""
+    def _kill_call(self, marker: str) -> None:
+        """SIGKILL the processes of one call, including those that left its process group:
+        every process of the sandbox user when this call is the only one running, else those
+        carrying the call's marker."""
         import docker
 
         client = api()
-        command = ["sh", "-c", _KILL_MARKED, "sh", f"{MARKER_VAR}={marker}"]
+        with _lock:
+            alone = self._in_flight == 1
+        if alone:
+            command = ["sh", "-c", _KILL_ALL]
+        else:
+            command = ["sh", "-c", _KILL_MARKED, "sh", f"{MARKER_VAR}={marker}"]
         try:
             exec_id = client.exec_create(self.container_id, command, user=self.user)["Id"]
             client.exec_start(exec_id)
@@ -565,18 +606,30 @@ class DockerSandbox(Sandbox):
     def _read(self, path: str, absolute: str) -> bytes:
         import docker
 
+        if self.container_id is None:
+            raise SandboxError(f"sandbox {self.id} is closed; create a new one")
+        where = f"{path!r} in sandbox {self.id}"
         try:
             stream, _ = api().get_archive(self.container_id, absolute)
             data = b"".join(stream)
         except docker.errors.NotFound:
-            raise FileNotFoundError(f"no file {path!r} in sandbox {self.id}") from None
-        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-            member = archive.next()
-            if member is None or not member.isfile():
-                raise SandboxError(f"{path!r} in sandbox {self.id} is not a regular file")
-            extracted = archive.extractfile(member)
-            assert extracted is not None
-            return extracted.read()
+            raise FileNotFoundError(f"no file {where}") from None
+        except docker.errors.APIError as exc:
+            # The engine's text names host paths (/var/lib/docker/...): only its gist is kept.
+            gist = "a parent of it is not a directory" if "not a directory" in str(exc) else ""
+            raise SandboxError(
+                f"could not read {where}: {gist or f'the engine answered {exc.status_code}'}"
+            ) from None
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+                member = archive.next()
+                if member is None or not member.isfile():
+                    raise SandboxError(f"{where} is not a regular file")
+                extracted = archive.extractfile(member)
+                assert extracted is not None
+                return extracted.read()
+        except tarfile.TarError as exc:
+            raise SandboxError(f"could not read {where}: a bad archive ({exc})") from None
 
 
 def _send_then_close(raw: Any, payload: bytes) -> None:

@@ -5,6 +5,7 @@ namespaces, kernel modules, clocks, ...), for bubblewrap's ``--seccomp FD``."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import struct
@@ -102,3 +103,32 @@ def pipe() -> int:
     finally:
         os.close(write)
     return read
+
+
+def docker_profile() -> str:
+    """The same deny-list as a Docker seccomp profile (JSON, for ``--security-opt seccomp=``).
+
+    Docker's own default profile lets io_uring and ptrace through on some engine versions; this
+    one denies them everywhere. Creating a user namespace is denied too (``clone`` with
+    CLONE_NEWUSER; ``clone3``, whose flags a filter cannot read, answers ENOSYS so that libc
+    falls back to ``clone``). Other namespaces and mounts need capabilities the container lacks.
+    """
+    clone_newuser = 0x10000000
+    rules = [
+        {"names": sorted(DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+        {
+            "names": ["clone"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": 1,
+            "args": [
+                {
+                    "index": 0,
+                    "value": clone_newuser,
+                    "valueTwo": clone_newuser,
+                    "op": "SCMP_CMP_MASKED_EQ",
+                }
+            ],
+        },
+    ]
+    return json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules})

@@ -31,11 +31,15 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def inodes(size: int) -> int:
+    """The inode (file count) cap of a work dir of ``size`` bytes."""
+    return max(1024, size // BYTES_PER_INODE)
+
+
 def mount_tmpfs(path: Path, *, size: int, uid: int) -> str | None:
-    """Mount a tmpfs of ``size`` bytes (and ``size / 4096`` inodes) owned by ``uid`` on
+    """Mount a tmpfs of ``size`` bytes (and :func:`inodes` files) owned by ``uid`` on
     ``path``; returns None, or why it could not (mounting needs CAP_SYS_ADMIN)."""
-    inodes = max(1024, size // BYTES_PER_INODE)
-    options = f"size={size},nr_inodes={inodes},mode=0700,uid={uid},gid={uid}".encode()
+    options = f"size={size},nr_inodes={inodes(size)},mode=0700,uid={uid},gid={uid}".encode()
     if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0:
         return None
     return os.strerror(ctypes.get_errno())

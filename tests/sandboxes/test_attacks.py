@@ -80,12 +80,10 @@ async def test_a_key_in_the_host_session_keyring_is_unreachable(make_sandbox):
 
 
 @needs_syscall_table
-async def test_dangerous_syscalls_fail_with_eperm_and_python_still_works(make_sandbox, backend):
+async def test_dangerous_syscalls_fail_with_eperm_and_python_still_works(make_sandbox):
     box = await make_sandbox()
     names = ["keyctl", "add_key", "request_key", "io_uring_setup", "perf_event_open", "bpf"]
-    names += ["mount", "unshare", "setns", "userfaultfd"]
-    if backend != "docker":  # Docker's default profile allows ptrace (kernel >= 4.8)
-        names.append("ptrace")
+    names += ["ptrace", "mount", "unshare", "setns", "userfaultfd"]
     code = (
         "import ctypes, sys\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -186,8 +184,11 @@ async def test_a_fifo_left_in_the_work_dir_blocks_nothing(make_sandbox):
         assert "'main.py'" in str(exc) and "not a regular file" in str(exc)
     with pytest.raises(SandboxError, match=r"'fifo' .*not a regular file"):
         await box.read_file("fifo")
-    with pytest.raises(SandboxError, match="not a regular file"):
+    try:
         await box.write_file("fifo", "x")
+        assert await box.read_file("fifo") == b"x"  # replaced by a regular file, not opened
+    except SandboxError as exc:
+        assert "not a regular file" in str(exc)
     assert time.monotonic() - started < 15
 
 
@@ -275,17 +276,22 @@ async def test_a_child_that_drops_its_environment_dies_with_its_call(make_sandbo
 async def test_errors_never_show_the_host_work_dir(make_sandbox):
     box = await make_sandbox()
     await box.run("mkdir dir && echo x > file.txt && mkfifo fifo")
-    attempts = {
+    failing = {
         "read a directory": box.read_file("dir"),
         "read below a file": box.read_file("file.txt/below"),
         "write below a file": box.write_file("file.txt/below", "x"),
-        "write over a directory": box.write_file("dir", "x"),
         "read a FIFO": box.read_file("fifo"),
         "read a missing file": box.read_file("missing/file"),
     }
-    host_root = os.path.join(tempfile.gettempdir(), "vime-sandboxes")
-    for what, attempt in attempts.items():
+    messages = []
+    for what, attempt in failing.items():
         with pytest.raises((SandboxError, FileNotFoundError)) as caught:
             await attempt
-        assert host_root not in str(caught.value), what
-        assert "/var/lib/docker" not in str(caught.value), what
+        messages.append((what, str(caught.value)))
+    try:  # the docker backend replaces the (empty) directory by the file
+        await box.write_file("dir", "x")
+    except SandboxError as exc:
+        messages.append(("write over a directory", str(exc)))
+    host_root = os.path.join(tempfile.gettempdir(), "vime-sandboxes")
+    for what, message in messages:
+        assert host_root not in message and "/var/lib/docker" not in message, (what, message)
