@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -11,12 +12,14 @@ import pytest
 from vime.errors import ConfigError
 from vime.orchestration.placement import PlacementConfig, check_fits, plan_placement
 from vime.orchestration.run_state import (
+    CheckpointSaveError,
     RunState,
     RunStateError,
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
+    verify_checkpoint,
 )
 from vime.orchestration.task_stream import TaskStream
 from vime.types import Trajectory
@@ -128,3 +131,43 @@ def test_pruning_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000003", "step_000004"]
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
     assert os.path.exists(tmp_path / "latest")
+
+
+def _trainer_files(d: Path) -> None:
+    d.mkdir()
+    (d / "model.pt").write_bytes(bytes(range(256)) * 64)
+
+
+def test_a_full_disk_fails_the_save_cleanly_and_keeps_the_previous_checkpoint(
+    tmp_path: Path,
+) -> None:
+    save_checkpoint(tmp_path, RunState(step=1), [], _trainer_files)
+
+    def disk_full(d: Path) -> None:
+        _trainer_files(d)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointSaveError) as err:
+        save_checkpoint(tmp_path, RunState(step=2), [_traj(1)], disk_full)
+    message = str(err.value)
+    assert "step_000002: the disk is full (No space left on device)" in message
+    assert "the previous checkpoint step_000001 is intact" in message and "--resume" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]
+    verify_checkpoint(latest_checkpoint(tmp_path))
+
+
+def test_a_truncated_or_altered_checkpoint_file_fails_verification(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path, RunState(step=1), [], _trainer_files)
+    verify_checkpoint(path)
+    model = path / "trainer" / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    model.write_bytes(bytes(data))
+    with pytest.raises(RunStateError, match=r"trainer/model.pt does not match its checksum"):
+        verify_checkpoint(path)
+    model.write_bytes(data[:100])
+    with pytest.raises(RunStateError, match=r"trainer/model.pt does not match"):
+        verify_checkpoint(path)
+    model.unlink()
+    with pytest.raises(RunStateError, match=r"trainer/model.pt is missing"):
+        verify_checkpoint(path)

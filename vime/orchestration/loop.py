@@ -27,10 +27,12 @@ from vime.orchestration.cluster import Cluster
 from vime.orchestration.metrics_log import MetricsLogger
 from vime.orchestration.run_state import (
     RunState,
-    latest_checkpoint,
+    RunStateError,
+    checkpoints_newest_first,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
+    verify_checkpoint,
 )
 from vime.orchestration.setup import TrainSetup
 from vime.orchestration.task_stream import TaskStream
@@ -80,12 +82,37 @@ class RLLoop:
 
     # -- state ------------------------------------------------------------------------
     def restore(self) -> bool:
-        """Load the latest checkpoint of ``--output-dir``; False when there is none."""
-        path = latest_checkpoint(self.out / "checkpoints")
-        if path is None:
+        """Load the newest intact checkpoint of ``--output-dir``; False when there is none.
+
+        A damaged checkpoint (a file truncated, altered or missing) is skipped with a message
+        naming it and the one used instead; when none is intact this raises
+        :class:`RunStateError` listing what is wrong with each.
+        """
+        candidates = checkpoints_newest_first(self.out / "checkpoints")
+        if not candidates:
             return False
-        self.state, flat = load_checkpoint(path)
-        self.cluster.trainer_call("load", str(path / "trainer"))
+        skipped: list[str] = []
+        for path in candidates:
+            try:
+                verify_checkpoint(path)
+                self.state, flat = load_checkpoint(path)
+                self.cluster.trainer_call("load", str(path / "trainer"))
+            except VimeError as exc:  # RunStateError, or the trainer's CheckpointError
+                skipped.append(f"{path.name} ({exc})")
+                continue
+            if skipped:
+                message = (
+                    f"--resume: the newest checkpoint is unusable: {'; '.join(skipped)}; "
+                    f"resuming from {path.name}, the newest intact one"
+                )
+                log.warning(message)
+                print(message, flush=True)
+            break
+        else:
+            raise RunStateError(
+                f"--resume: no intact checkpoint in {self.out / 'checkpoints'}: "
+                f"{'; '.join(skipped)}. Start again with another --output-dir"
+            )
         groups: dict[int, list[Trajectory]] = {}
         for t in flat:
             groups.setdefault(int(t.metadata.get("group", 0)), []).append(t)

@@ -2,13 +2,18 @@
 
 A checkpoint is a folder ``<save_dir>/step_<N>/`` holding the trainer's checkpoint
 (``trainer/``), ``state.json`` (step, data position, RNG, counters) and ``buffer.jsonl``
-(trajectories generated but not trained yet, for the async loop). It is written under a
-temporary name and renamed into place, then ``latest`` is replaced atomically, so a
-``kill -9`` at any moment leaves the previous checkpoint intact and usable.
+(trajectories generated but not trained yet, for the async loop), and ``checksums.json``
+(SHA-256 of every other file, written last). It is written under a temporary name and renamed
+into place, then ``latest`` is replaced atomically, so a ``kill -9`` at any moment leaves the
+previous checkpoint intact and usable. A save that fails (a full disk) removes its temporary
+folder and leaves the previous checkpoints as they were. On resume, a checkpoint damaged later
+(truncated or altered files) is detected by its checksums and the newest intact one is used.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
@@ -21,9 +26,15 @@ from typing import Any
 from vime.errors import VimeError
 from vime.types import Trajectory
 
+CHECKSUMS = "checksums.json"
+
 
 class RunStateError(VimeError):
     """A run checkpoint is missing or unreadable."""
+
+
+class CheckpointSaveError(VimeError):
+    """A run checkpoint could not be written (the previous ones are intact)."""
 
 
 @dataclass
@@ -51,18 +62,30 @@ def save_checkpoint(
     buffer: list[Trajectory],
     save_trainer: Callable[[Path], Any],
 ) -> Path:
-    """Write ``step_<N>`` atomically (trainer via ``save_trainer(dir)``) and point ``latest`` at it."""
+    """Write ``step_<N>`` atomically (trainer via ``save_trainer(dir)``) and point ``latest`` at it.
+
+    An ``OSError`` while writing (a full disk, a read-only folder) removes the partial folder
+    and is raised as :class:`CheckpointSaveError`; ``latest`` and older checkpoints are untouched.
+    """
     save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
     final = save_dir / f"step_{state.step:06d}"
     tmp = save_dir / f".tmp_step_{state.step:06d}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_trainer(tmp / "trainer")
-    state.python_rng = random.getstate()
-    _fsync_write(tmp / "state.json", json.dumps(asdict(state)))
-    _fsync_write(tmp / "buffer.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in buffer))
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_trainer(tmp / "trainer")
+        state.python_rng = random.getstate()
+        _fsync_write(tmp / "state.json", json.dumps(asdict(state)))
+        _fsync_write(tmp / "buffer.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in buffer))
+        _fsync_write(tmp / CHECKSUMS, json.dumps(_checksums(tmp), indent=1, sort_keys=True))
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        oserror = _oserror_in(exc)
+        if oserror is None:
+            raise
+        raise CheckpointSaveError(_save_failure(final, save_dir, oserror)) from exc
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -70,6 +93,70 @@ def save_checkpoint(
     _fsync_write(latest_tmp, final.name)
     os.replace(latest_tmp, save_dir / "latest")
     return final
+
+
+def _oserror_in(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc`` (also one raised in a trainer actor and re-raised by Ray)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError):
+            return exc
+        cause = getattr(exc, "cause", None)  # Ray's RayTaskError keeps the remote exception
+        exc = cause if isinstance(cause, BaseException) else exc.__cause__
+        seen += 1
+    return None
+
+
+def _save_failure(final: Path, save_dir: Path, exc: OSError) -> str:
+    previous = latest_checkpoint_name(save_dir)
+    kept = f"the previous checkpoint {previous} is intact" if previous else "no checkpoint yet"
+    why = "the disk is full" if exc.errno == errno.ENOSPC else "the write failed"
+    return (
+        f"could not save the checkpoint {final}: {why} ({exc.strerror or exc}); its partial "
+        f"folder was removed and {kept}. Free space (or fix the folder), then rerun with --resume"
+    )
+
+
+def latest_checkpoint_name(save_dir: str | Path) -> str | None:
+    """The folder name ``latest`` holds, without checking it."""
+    pointer = Path(save_dir) / "latest"
+    try:
+        return pointer.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _checksums(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``folder`` (paths relative to it), except ``checksums.json``."""
+    sums = {}
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and f.name != CHECKSUMS:
+            with f.open("rb") as fh:
+                sums[str(f.relative_to(folder))] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return sums
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Raise :class:`RunStateError` saying what is wrong unless every file of the checkpoint
+    ``path`` is there with the checksum it was saved with."""
+    path = Path(path)
+    try:
+        expected = json.loads((path / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        raise RunStateError(f"{path.name}: {CHECKSUMS} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise RunStateError(f"{path.name}: {CHECKSUMS} is unreadable ({exc})") from None
+    actual = _checksums(path)
+    for name, digest in expected.items():
+        if name not in actual:
+            raise RunStateError(f"{path.name}: {name} is missing")
+        if actual[name] != digest:
+            raise RunStateError(f"{path.name}: {name} does not match its checksum (corrupt)")
+
+
+def checkpoints_newest_first(save_dir: str | Path) -> list[Path]:
+    """The step folders of ``save_dir``, highest step first."""
+    return sorted((p for p in Path(save_dir).glob("step_*") if p.is_dir()), reverse=True)
 
 
 def latest_checkpoint(save_dir: str | Path) -> Path | None:
