@@ -115,30 +115,37 @@ def test_paths(selectors: list[str]) -> list[str]:
 
 def load_task_set(source: str | Path | None = None, split: str = "train") -> list[dict[str, Any]]:
     """The rows of one split of a task set folder (default: the set shipped with Vime), or of
-    a JSONL file. Snapshot names become absolute paths, so each row stands alone."""
-    from vime.data import load_tasks
-
+    a JSONL file. Snapshot names become absolute paths, so each row stands alone. Read once
+    per process (every env instance of a run asks for the same rows)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     path = Path(source) if source is not None else SHIPPED
-    if path.is_dir():
-        file = path / f"{split}.jsonl.gz"
-        if not file.is_file():
-            raise TaskFileError(
-                f"{path} is not a RepoFix task set: it has no {file.name} (build one with "
-                f"'vime tasks repofix --out {path}')"
-            )
-        rows = [json.loads(line) for line in gzip.decompress(file.read_bytes()).splitlines()]
-        root = path
+    file = path / f"{split}.jsonl.gz" if path.is_dir() else path
+    if not file.is_file():
+        raise TaskFileError(
+            f"{path} is not a RepoFix task set: it has no {file.name} (build one with "
+            f"'vime tasks repofix --out {path}')"
+        )
+    return list(_load_rows(str(file.resolve()), file.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_rows(file: str, mtime_ns: int) -> tuple[dict[str, Any], ...]:
+    from vime.data import load_tasks
+
+    path = Path(file)
+    if path.name.endswith(".jsonl.gz"):
+        rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).splitlines()]
     else:
-        rows, root = load_tasks(path), path.parent
+        rows = load_tasks(path)
     tasks = []
     for i, row in enumerate(rows):
         task = validate_repofix_task(row, where=f"{path} row {i + 1}")
         if isinstance(task["repo"], str) and not _is_path(task["repo"]):
-            task = {**task, "repo": str((root / "repos" / f"{task['repo']}.json.gz").resolve())}
+            repo = (path.parent / "repos" / f"{task['repo']}.json.gz").resolve()
+            task = {**task, "repo": str(repo)}
         tasks.append(task)
-    return tasks
+    return tuple(tasks)
 
 
 def write_task_set(

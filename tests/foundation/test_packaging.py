@@ -44,6 +44,9 @@ def test_wheel_has_only_the_vime_top_level_package(wheel: Path) -> None:
     assert "vime/agents/__init__.py" in names
     assert "vime/sandboxes/__init__.py" in names
     assert not any(n.startswith(("agents/", "envs/", "sandboxes/")) for n in names)
+    # the RepoFix task set ships as package data, so the env works offline
+    assert "vime/envs/repofix/data/eval.jsonl.gz" in names
+    assert "vime/envs/repofix/data/repos/cachetools-8.0.2.json.gz" in names
 
 
 def test_wheel_installs_into_a_fresh_venv_with_namespaced_imports(
