@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
@@ -118,10 +117,19 @@ class GraderPool:
         self._lock = threading.Lock()
         self._closed = False
         # One long-lived thread starts every worker: PR_SET_PDEATHSIG fires when the thread
-        # that forked the child exits, so it must not be a short-lived caller thread.
-        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="vime-grader-spawn")
+        # that forked the child exits, so it must not be a short-lived caller thread. It is a
+        # daemon, so a worker still starting never holds up the interpreter's exit.
+        self._to_start: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._spawner = threading.Thread(
+            target=self._spawn_loop, name="vime-grader-spawn", daemon=True
+        )
+        self._spawner.start()
         for _ in range(size):
-            self._spawner.submit(self._start_worker)
+            self._to_start.put(True)
+
+    def _spawn_loop(self) -> None:
+        while self._to_start.get() and not self._closed:
+            self._start_worker()
 
     def _start_worker(self) -> None:
         if self._closed:
@@ -154,10 +162,7 @@ class GraderPool:
     def _replace(self, worker: _Worker) -> None:
         self._discard(worker)
         if not self._closed:
-            try:
-                self._spawner.submit(self._start_worker)
-            except RuntimeError:  # the interpreter is exiting: no new workers
-                pass
+            self._to_start.put(True)
 
     def wait_warm(self, timeout: float = READY_TIMEOUT) -> bool:
         """Block until every worker has started (or ``timeout`` s); True when all have."""
@@ -248,7 +253,7 @@ class GraderPool:
     def shutdown(self) -> None:
         """Kill every worker and stop replacing them. Idempotent."""
         self._closed = True
-        self._spawner.shutdown(wait=True, cancel_futures=True)
+        self._to_start.put(False)
         with self._lock:
             workers, self._workers = list(self._workers), set()
         for worker in workers:
