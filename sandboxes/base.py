@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -65,8 +66,15 @@ class SandboxLimits:
             if f.type == "bool":
                 if not isinstance(value, bool):
                     raise TypeError(f"sandbox limit {f.name} must be a bool, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"sandbox limit {f.name} must be a positive number, got {value!r}")
+            elif (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(
+                    f"sandbox limit {f.name} must be a positive finite number, got {value!r}"
+                )
 
     @classmethod
     def resolve(cls, limits: SandboxLimits | None = None, **overrides: Any) -> SandboxLimits:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import json
 import logging
 import secrets
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
+from vime.sandboxes.connections import ConnectionGuard, connection_budget, raise_fd_limit
 from vime.sandboxes.registry import create
 from vime.sandboxes.server_config import ServerConfig
 
@@ -43,8 +45,22 @@ def _decode(value: Any, what: str) -> bytes | None:
         raise ValueError(f"{what} must be base64 text, got {str(value)[:40]!r}") from None
 
 
-async def _json(request: web.Request) -> dict[str, Any]:
-    body = await request.json()
+async def _body(request: web.Request, timeout: float) -> bytes:
+    """The request's body, which must arrive within ``timeout`` seconds (slow senders are cut)."""
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=f'{{"error": "the request body did not arrive within {timeout} s"}}',
+            content_type="application/json",
+        ) from None
+
+
+async def _json(request: web.Request, timeout: float) -> dict[str, Any]:
+    try:
+        body = json.loads(await _body(request, timeout))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the request body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ValueError(f"the request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -76,10 +92,17 @@ class SandboxServer:
         self._reaper: asyncio.Task[None] | None = None
         self.running = 0  # calls running now, and the most seen at once (for tests and stats)
         self.peak_running = 0
+        self.guard = ConnectionGuard(
+            header_timeout=config.header_timeout,
+            keepalive_timeout=config.keepalive_timeout,
+            max_connections=connection_budget(config.max_connections, config.max_concurrency),
+        )
 
     def app(self) -> web.Application:
         """The aiohttp application (routes, token check, start-up and shut-down hooks)."""
-        app = web.Application(middlewares=[self._auth], client_max_size=256 << 20)
+        app = web.Application(
+            middlewares=[self.guard.middleware, self._auth], client_max_size=256 << 20
+        )
         app.router.add_get("/v1/health", self._health)
         app.router.add_post("/v1/sandboxes", self._create)
         app.router.add_post("/v1/sandboxes/{id}/run", self._run)
@@ -92,8 +115,22 @@ class SandboxServer:
         return app
 
     def runner(self) -> web.AppRunner:
-        """A runner for :meth:`app`; a client that disconnects cancels its call (and kills it)."""
-        return web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        """A runner for :meth:`app` whose connections the guard watches; a client that
+        disconnects cancels its call (and kills it)."""
+        guard = self.guard
+
+        class Runner(web.AppRunner):
+            async def setup(self) -> None:
+                await super().setup()
+                assert self.server is not None
+                guard.install(self.server)
+
+        return Runner(
+            self.app(),
+            access_log=None,
+            handler_cancellation=True,
+            keepalive_timeout=self.config.keepalive_timeout,
+        )
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -116,6 +153,7 @@ class SandboxServer:
         self._reaper = asyncio.create_task(self._reap_idle())
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        self.guard.stop()
         if self._reaper is not None:
             self._reaper.cancel()
         boxes = [entry.box for entry in self._boxes.values()]
@@ -159,7 +197,7 @@ class SandboxServer:
         return web.json_response({"ok": True, "backend": self.config.backend})
 
     async def _create(self, request: web.Request) -> web.Response:
-        limits = self._limits((await _json(request)).get("limits") or {})
+        limits = self._limits((await _json(request, self.config.read_timeout)).get("limits") or {})
         if len(self._boxes) + self._creating >= self.config.max_sandboxes:
             return _error(429, f"this server already has {len(self._boxes)} sandboxes open")
         self._creating += 1
@@ -216,15 +254,15 @@ class SandboxServer:
 
     async def _run(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
-        return await self._call(entry, await _json(request), code=False)
+        return await self._call(entry, await _json(request, self.config.read_timeout), code=False)
 
     async def _run_code(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
-        return await self._call(entry, await _json(request), code=True)
+        return await self._call(entry, await _json(request, self.config.read_timeout), code=True)
 
     async def _write_file(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
-        await entry.box.write_file(_path(request), await request.read())
+        await entry.box.write_file(_path(request), await _body(request, self.config.read_timeout))
         return web.Response(status=204)
 
     async def _read_file(self, request: web.Request) -> web.Response:
@@ -241,6 +279,7 @@ class SandboxServer:
 
 async def serve(config: ServerConfig, *, ready: Callable[[str], None] | None = None) -> None:
     """Serve until cancelled; ``ready`` gets the base URL once the port is bound."""
+    raise_fd_limit()  # idle clients must not exhaust a low soft limit (often 1024)
     server = SandboxServer(config, config.token())
     runner = server.runner()
     await runner.setup()

@@ -34,6 +34,20 @@ class ServerConfig:
     idle_timeout: float = option(
         900.0, help="Close a sandbox no client used for this many seconds."
     )
+    header_timeout: float = option(
+        10.0, help="Close a new connection that has not sent a request head within this time."
+    )
+    keepalive_timeout: float = option(
+        30.0, help="Close a connection idle for this long between two requests, in seconds."
+    )
+    read_timeout: float = option(
+        60.0, help="Refuse (408) a request whose body has not arrived within this time."
+    )
+    max_connections: int = option(
+        1024,
+        help="Open connections at once (fewer if the open-file limit is lower); at the cap a "
+        "new connection closes the longest idle one.",
+    )
     limit: list[str] = option(
         [],
         help="Highest sandbox limit a client may ask for (and the default), as KEY=VALUE, "
@@ -43,7 +57,9 @@ class ServerConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrency", "max_sandboxes", "call_timeout", "idle_timeout"):
+        positive = ("max_concurrency", "max_sandboxes", "call_timeout", "idle_timeout")
+        positive += ("header_timeout", "keepalive_timeout", "read_timeout", "max_connections")
+        for name in positive:
             if getattr(self, name) <= 0:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be positive, got {getattr(self, name)!r}")
@@ -70,6 +86,13 @@ class ServerConfig:
                     values[key] = (float if types[key] == "float" else int)(raw)
             except ValueError:
                 raise ConfigError(f"--limit {item!r}: {raw!r} is not a {types[key]}") from None
+        if "timeout" not in values:  # the default call must fit under --call-timeout
+            values["timeout"] = min(SandboxLimits.timeout, self.call_timeout)
+        elif values["timeout"] > self.call_timeout:  # type: ignore[operator]
+            raise ConfigError(
+                f"--limit timeout={values['timeout']} is above --call-timeout "
+                f"{self.call_timeout}: no call could use it; lower it or raise --call-timeout"
+            )
         try:
             return SandboxLimits(**values)  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:

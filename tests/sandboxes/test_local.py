@@ -138,7 +138,7 @@ async def test_close_kills_a_call_in_flight(procs):
 
 
 def test_bad_limit_values_are_refused_with_the_name():
-    with pytest.raises(ValueError, match="timeout must be a positive number, got -1"):
+    with pytest.raises(ValueError, match="timeout must be a positive finite number, got -1"):
         LocalSandbox(timeout=-1)
     with pytest.raises(TypeError, match=r"unknown sandbox limit\(s\) \['memory'\]"):
         LocalSandbox(memory=5)
