@@ -21,6 +21,7 @@ def resolve_tasks(
     ``seed``; for a generator, ``count`` new ones; 32 by default). An env with none of these
     needs ``--tasks``.
     """
+    env = getattr(env, "unwrapped", env)  # --max-turns wraps the env; its tasks are inside
     if path:
         from vime.data import load_tasks
 
