@@ -6,12 +6,19 @@ import logging
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
+from vime.errors import VimeError
 from vime.orchestration.placement import PlacementPlan, plan_placement
+from vime.orchestration.run_state import latest_checkpoint_name
 from vime.orchestration.setup import TrainSetup
 
 log = logging.getLogger(__name__)
+
+
+class ActorDiedError(VimeError):
+    """A trainer rank or the inference service died; the run cannot go on without it."""
 
 
 def detect_device() -> str:
@@ -136,9 +143,26 @@ class Cluster:
 
     def trainer_call(self, method: str, *args: Any) -> Any:
         """Call ``method`` on every trainer rank (a collective) and return rank 0's result."""
+        refs = [getattr(t, method).remote(*args) for t in self.trainers]
+        return self._get(refs, f"trainer's {method}")[0]
+
+    def _get(self, refs: Any, what: str) -> Any:
+        """``ray.get(refs)``; a dead actor becomes one :class:`ActorDiedError` with a
+        ``--resume`` hint (the survivors are stopped by the driver's cleanup)."""
         import ray
 
-        return ray.get([getattr(t, method).remote(*args) for t in self.trainers])[0]
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            reason = str(exc).strip().splitlines()[0][:300]
+            last = latest_checkpoint_name(Path(self.setup.run.output_dir) / "checkpoints")
+            resume = (
+                f"continues from {last}" if last else "starts again at step 0 (no checkpoint yet)"
+            )
+            raise ActorDiedError(
+                f"the run stopped: an actor died during the {what} ({reason}). Rerun the same "
+                f"command with --resume; it {resume}"
+            ) from None
 
     def export_weights_folder(self, name: str) -> str:
         """Have the trainer write its weights into a folder on the trainer's node."""
@@ -149,30 +173,29 @@ class Cluster:
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Trainer weights into every engine as ``version`` (through /dev/shm or Ray)."""
-        import ray
 
         folder = self.export_weights_folder(f"v{version}")
         if self.trainer_node == self.info["node"]:
-            metrics = ray.get(self.inference.update_from_folder.remote(folder, version))
+            metrics = self._get(
+                self.inference.update_from_folder.remote(folder, version), "weight update"
+            )
             return {**metrics, "sync/cross_node": 0.0}
         files = self.trainers[0].read_folder.remote(folder)
         try:
-            metrics = ray.get(self.inference.update_from_files.remote(files, version))
+            metrics = self._get(
+                self.inference.update_from_files.remote(files, version), "weight update"
+            )
         finally:
             self.trainer_call("remove_folder", folder)
         return {**metrics, "sync/cross_node": 1.0}
 
     def pause_engines(self) -> None:
         """Colocated placement: stop generation while the trainer uses the devices."""
-        import ray
-
-        ray.get(self.inference.pause.remote())
+        self._get(self.inference.pause.remote(), "engines' pause")
 
     def resume_engines(self) -> None:
         """Colocated placement: let the engines generate again after a train step."""
-        import ray
-
-        ray.get(self.inference.resume.remote())
+        self._get(self.inference.resume.remote(), "engines' resume")
 
     def stop(self) -> None:
         """Stop the engines and router, then the actors and placement groups."""

@@ -80,12 +80,13 @@ def save_checkpoint(
         _fsync_write(tmp / "state.json", json.dumps(asdict(state)))
         _fsync_write(tmp / "buffer.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in buffer))
         _fsync_write(tmp / CHECKSUMS, json.dumps(_checksums(tmp), indent=1, sort_keys=True))
-    except BaseException as exc:
+    except Exception as exc:
+        full = _disk_full(save_dir, exc)
         shutil.rmtree(tmp, ignore_errors=True)
-        oserror = _oserror_in(exc)
-        if oserror is None:
-            raise
-        raise CheckpointSaveError(_save_failure(final, save_dir, oserror)) from exc
+        raise CheckpointSaveError(_save_failure(final, save_dir, exc, full)) from exc
+    except BaseException:  # an interrupt: nothing to explain, but leave no partial folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -95,25 +96,31 @@ def save_checkpoint(
     return final
 
 
-def _oserror_in(exc: BaseException) -> OSError | None:
-    """The ``OSError`` behind ``exc`` (also one raised in a trainer actor and re-raised by Ray)."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, OSError):
-            return exc
-        cause = getattr(exc, "cause", None)  # Ray's RayTaskError keeps the remote exception
-        exc = cause if isinstance(cause, BaseException) else exc.__cause__
-        seen += 1
-    return None
+def _disk_full(save_dir: Path, exc: BaseException) -> bool:
+    """Whether a failed save ran out of space: an ENOSPC anywhere in the chain, or (torch's
+    writer reports it as a RuntimeError, Ray wraps a trainer's error) almost no space left."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        cause = getattr(seen, "cause", None)  # Ray's RayTaskError keeps the remote exception
+        seen = cause if isinstance(cause, BaseException) else seen.__cause__
+    try:
+        return shutil.disk_usage(save_dir).free < 16 * 2**20
+    except OSError:
+        return False
 
 
-def _save_failure(final: Path, save_dir: Path, exc: OSError) -> str:
+def _save_failure(final: Path, save_dir: Path, exc: BaseException, full: bool) -> str:
     previous = latest_checkpoint_name(save_dir)
-    kept = f"the previous checkpoint {previous} is intact" if previous else "no checkpoint yet"
-    why = "the disk is full" if exc.errno == errno.ENOSPC else "the write failed"
+    kept = f"the previous checkpoint {previous} is intact" if previous else "there is none yet"
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    why = f"the disk is full ({reason})" if full else f"the write failed ({reason})"
     return (
-        f"could not save the checkpoint {final}: {why} ({exc.strerror or exc}); its partial "
-        f"folder was removed and {kept}. Free space (or fix the folder), then rerun with --resume"
+        f"could not save the checkpoint {final}: {why}; its partial folder was removed and "
+        f"{kept}. Free space (or fix the folder), then rerun the same command with --resume"
     )
 
 

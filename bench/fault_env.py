@@ -1,0 +1,48 @@
+"""The env of the fault-injection runs (bench/faults.py): parity rewards, plus faults on cue.
+
+A task's ``fault`` field makes its episodes fail on purpose: ``reset`` or ``step`` raise, or the
+grader (run in a killable grading worker) sleeps past its time limit. Other tasks earn reward 1
+when the sum of the reply's character codes is even, so a random tiny model has signal.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vime.envs.grading import GraderTimeout, run_graded
+
+import vime
+
+GRADER_LIMIT_S = 1.0
+
+
+def grade(text: str, sleep_s: float) -> float:
+    """The parity grade, after ``sleep_s`` seconds (a grader stuck on a hostile answer)."""
+    time.sleep(sleep_s)
+    return float(sum(map(ord, text)) % 2 == 0)
+
+
+class FaultyParity(vime.Env):
+    """Parity rewards; ``task["fault"]`` in {reset, step, grader} injects that fault."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.task = (options or {}).get("task") or {"question": "Say something."}
+        if self.task.get("fault") == "reset":
+            raise RuntimeError(f"injected fault in reset of task {self.task.get('id')}")
+        return [{"role": "user", "content": self.task["question"]}], {}
+
+    def step(self, action):
+        fault = self.task.get("fault")
+        if fault == "step":
+            raise RuntimeError(f"injected fault in step of task {self.task.get('id')}")
+        text = self.parse_action(action).get("content") or ""
+        sleep_s = 30.0 if fault == "grader" else 0.0
+        try:
+            reward = run_graded(grade, text, sleep_s, timeout=GRADER_LIMIT_S)
+        except GraderTimeout:
+            return [], 0.0, True, False, {"correct": 0.0, "grader_timeout": 1.0}
+        return [], reward, True, False, {"correct": reward}
+
+
+vime.register("bench/FaultyParity-v0", FaultyParity)

@@ -1,0 +1,504 @@
+"""Faults on purpose: run `vime train` (tiny model, CPU), inject one fault per run, count what survived.
+
+Each run starts ``vime train`` as a user would, with a marker in its environment that every
+process it starts inherits (Ray, trainer, engines, router, grader workers), injects one fault at a
+random point of a step, recovers as a user would (``--resume`` where the run had to stop) and
+then counts, from what the run wrote:
+
+- finished: the run (after a resume, if one was needed) trained every step;
+- lost silently: episodes of a trained step that are in no step's dump, or failed without a
+  reason (each step's dump must hold every episode, trained or failed with its reason);
+- steps trained twice: steps whose samples the final lineage (``trained_samples.jsonl``) holds twice;
+- steps lost: steps done before the fault that had to be done again after it;
+- recover_s: from the fault to the next finished step;
+- leftovers: processes carrying the run's marker still alive after it ended.
+
+    python bench/faults.py --faults all --repeats 3 --modes sync,async --out runs/faults
+
+The slow tests in ``tests/faults/`` run one case of each fault through :func:`run_fault`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "VIME_FAULT_RUN"
+TASKS = 64
+ENV_ID = "fault_env:bench/FaultyParity-v0"
+
+
+@dataclass
+class Outcome:
+    """What one faulty run left behind (see the module docstring)."""
+
+    fault: str
+    mode: str
+    point: str = ""
+    finished: bool = False
+    lost_silently: int = 0
+    failed_with_reason: int = 0
+    steps_twice: int = 0
+    steps_lost: int = 0
+    since_checkpoint: int = 0  # steps done since the last checkpoint when the fault hit
+    recover_s: float | None = None
+    leftovers: int = 0
+    message: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Run:
+    """One `vime train` command line over an output folder, started and watched."""
+
+    def __init__(self, work: Path, mode: str, steps: int = 4, faults: dict | None = None) -> None:
+        self.work, self.mode, self.steps = work, mode, steps
+        self.out = work / "run"
+        self.marker = uuid.uuid4().hex
+        self.model = _tiny_model(work.parent / "tiny")
+        self.tasks = work / "tasks.jsonl"
+        rows = [
+            {"id": f"t{i}", "question": f"What is {i} + {i % 7}?", "answer": str(i + i % 7)}
+            for i in range(TASKS)
+        ]
+        for i, fault in (faults or {}).items():
+            rows[i]["fault"] = fault
+        work.mkdir(parents=True, exist_ok=True)
+        self.tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        self.proc: subprocess.Popen | None = None
+        self.logs: list[Path] = []
+
+    def argv(self, *extra: str) -> list[str]:
+        return [
+            sys.executable, "-m", "vime", "train", "--model", str(self.model), "--env", ENV_ID,
+            "--tasks", str(self.tasks), "--output-dir", str(self.out), "--mode", self.mode,
+            "--rollout-batch-size", "2", "--n", "2", "--max-tokens", "8", "--max-turns", "1",
+            "--lr", "1e-3", "--vllm-max-model-len", "256", "--vllm-enforce-eager",
+            "--num-steps", str(self.steps), "--save-interval", "2", *extra,
+        ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        path = os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")])
+        return {**os.environ, MARK: self.marker, "HF_HUB_OFFLINE": "1",
+                "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}  # fmt: skip
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        log = self.work / f"log{len(self.logs)}.txt"
+        self.logs.append(log)
+        self.proc = subprocess.Popen(
+            self.argv(*extra), stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env(),
+            cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+        return self.proc
+
+    def wait(self, timeout: float = 900) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def log_text(self) -> str:
+        return self.logs[-1].read_text(errors="replace") if self.logs else ""
+
+    def rows(self) -> list[dict]:
+        return _jsonl(self.out / "metrics.jsonl")
+
+    def steps_done(self) -> int:
+        return max((r["step"] for r in self.rows()), default=0)
+
+    def checkpoint_step(self) -> int:
+        name = _read(self.out / "checkpoints" / "latest")
+        return int(name.split("_")[1]) if name else 0
+
+    def processes(self, pattern: bytes = b"") -> list[int]:
+        """Live processes carrying this run's marker whose command line contains ``pattern``."""
+        needle = f"{MARK}={self.marker}".encode()
+        found = []
+        for p in os.listdir("/proc"):
+            if p.isdigit() and needle in _read_bytes(f"/proc/{p}/environ"):
+                state = _read(f"/proc/{p}/stat").rsplit(")", 1)[-1].split()[:1]
+                if state != ["Z"] and pattern in _read_bytes(f"/proc/{p}/cmdline"):
+                    found.append(int(p))
+        return found
+
+    def leftovers(self, grace_s: float = 20.0) -> int:
+        deadline = time.monotonic() + grace_s
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(1)
+        left = self.processes()
+        for pid in left:  # do not let one run's leftovers disturb the next
+            _signal(pid, signal.SIGKILL)
+        return len(left)
+
+    def kill_driver(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def _tiny_model(path: Path) -> Path:
+    if not (path / "config.json").exists():
+        from vime.models.tiny import build_tiny_model
+
+        build_tiny_model(path, family="qwen2", seed=0)
+    return path
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _read(path: str | Path) -> str:
+    return _read_bytes(str(path)).decode(errors="replace").strip()
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# -- accounting ---------------------------------------------------------------------------
+def account(run: Run, outcome: Outcome, fault_at: float | None) -> Outcome:
+    """Fill the counts of ``outcome`` from what ``run`` wrote."""
+    outcome.finished = run.steps_done() >= run.steps and run.proc is not None and run.wait() == 0
+    trained = _jsonl(run.out / "trained_samples.jsonl")
+    per_sample = Counter(r["sample_id"] for r in trained)
+    outcome.steps_twice = len({r["step"] for r in trained if per_sample[r["sample_id"]] > 1})
+    expected = 2 * 2  # --rollout-batch-size x --n
+    for step in range(1, run.steps_done() + 1):
+        dump = _jsonl(run.out / "trajectories" / f"step_{step:06d}.jsonl")
+        failed = [t for t in dump if t.get("status") in ("failed", "aborted")]
+        outcome.failed_with_reason += sum(1 for t in failed if t.get("error"))
+        timeouts = sum(t.get("metrics", {}).get("grader_timeout", 0) for t in dump)
+        outcome.extra["grader_timeouts"] = outcome.extra.get("grader_timeouts", 0) + timeouts
+        outcome.lost_silently += max(0, expected - len(dump))
+        outcome.lost_silently += sum(1 for t in failed if not t.get("error"))
+    if fault_at is not None:
+        later = [r["time"] for r in run.rows() if r["time"] > fault_at]
+        outcome.recover_s = round(min(later) - fault_at, 1) if later else None
+    outcome.leftovers = run.leftovers()
+    return outcome
+
+
+def _steps_redone(run: Run, before: int) -> int:
+    """Steps logged before a restart that the restart logged again."""
+    steps = [r["step"] for r in run.rows()]
+    return sum(1 for s in set(steps) if steps.count(s) > 1 and s <= before)
+
+
+# -- faults ---------------------------------------------------------------------------------
+def _mid_step(run: Run, rng: random.Random, timeout: float = 600) -> str:
+    """Wait until step 1 is logged, then a random fraction of a typical step."""
+    wait_for(lambda: run.steps_done() >= 1, timeout, "step 1")
+    delay = rng.uniform(0.0, 3.0)
+    time.sleep(delay)
+    return f"step {run.steps_done() + 1} +{delay:.1f}s"
+
+
+def _kill_process(pattern: bytes, sig: int = signal.SIGKILL) -> Callable:
+    def inject(run: Run, rng: random.Random, o: Outcome) -> float:
+        o.point = _mid_step(run, rng)
+        pids = wait_for(lambda: run.processes(pattern), 60, pattern.decode())
+        for pid in pids[:1]:
+            _signal(pid, sig)
+        return time.time()
+
+    return inject
+
+
+def _hang_engine(hang_s: float) -> Callable:
+    def inject(run: Run, rng: random.Random, o: Outcome) -> float:
+        o.point = _mid_step(run, rng)
+        pid = wait_for(lambda: run.processes(b"vllm.entrypoints.openai.api_server"), 60, "engine")[
+            0
+        ]
+        group = os.getpgid(pid)  # the engine's own session: its EngineCore too
+        os.killpg(group, signal.SIGSTOP)
+        at = time.time()
+        time.sleep(hang_s)
+        os.killpg(group, signal.SIGCONT)
+        o.extra["hang_s"] = hang_s
+        return at
+
+    return inject
+
+
+def _poisoned_tasks(run: Run, rng: random.Random, o: Outcome) -> None:
+    """Nothing to do while the run goes: a quarter of its tasks carry the fault."""
+    o.point = f"{TASKS // 4} of {TASKS} tasks"
+
+
+def _resume(run: Run, o: Outcome, before: int, ckpt: int) -> None:
+    o.since_checkpoint = before - ckpt
+    t = time.time()
+    run.start("--resume")
+    code = run.wait()
+    o.extra["resume_rc"] = code
+    o.steps_lost = _steps_redone(run, before)
+    later = [r["time"] for r in run.rows() if r["time"] > t]
+    o.recover_s = round(min(later) - t, 1) if later else None
+
+
+def fault_in_run(name: str, inject: Callable, expect_exit: bool = False) -> Callable:
+    """A fault the run must survive in-process (or, with ``expect_exit``, stop cleanly from)."""
+
+    def case(run: Run, rng: random.Random) -> Outcome:
+        o = Outcome(name, run.mode)
+        run.start()
+        at = inject(run, rng, o)
+        if not expect_exit:
+            run.wait()
+            return account(run, o, at)
+        code = run.wait()
+        o.message = _error_line(run.log_text())
+        o.extra["first_rc"] = code
+        o.extra["stopped_s"] = round(time.time() - at, 1)
+        o.extra["leftovers_after_stop"] = run.leftovers()
+        _resume(run, o, run.steps_done(), run.checkpoint_step())
+        return account(run, o, None)
+
+    return case
+
+
+def driver_kill_in_checkpoint(run: Run, rng: random.Random) -> Outcome:
+    o = Outcome("driver SIGKILL during checkpoint", run.mode)
+    ckpts = run.out / "checkpoints"
+    run.start()
+    target = rng.choice([2, 4]) if run.steps >= 4 else 2
+
+    def writing() -> bool:
+        return ckpts.is_dir() and any(
+            p.name.startswith(f".tmp_step_{target:06d}") for p in ckpts.iterdir()
+        )
+
+    wait_for(writing, 600, f"checkpoint {target} being written", poll=0.005)
+    run.kill_driver()
+    o.point = f"writing step_{target:06d}"
+    o.extra["leftovers_after_kill"] = run.leftovers()
+    _resume(run, o, run.steps_done(), run.checkpoint_step())
+    return account(run, o, None)
+
+
+def corrupt_checkpoint(run: Run, rng: random.Random) -> Outcome:
+    o = Outcome("newest checkpoint corrupted", run.mode)
+    run.steps = 2
+    run.start("--save-interval", "1")
+    run.wait()
+    newest = run.out / "checkpoints" / "step_000002"
+    files = sorted(p for p in newest.rglob("*") if p.is_file() and p.stat().st_size > 0)
+    victim = rng.choice(files)
+    data = bytearray(victim.read_bytes())
+    if rng.random() < 0.5:
+        data = data[: len(data) // 2]
+        o.point = f"truncated {victim.relative_to(newest)}"
+    else:
+        data[rng.randrange(len(data))] ^= 0xFF
+        o.point = f"flipped a byte of {victim.relative_to(newest)}"
+    victim.write_bytes(bytes(data))
+    run.steps = 4
+    _resume(run, o, 2, 1)
+    o.message = next((x for x in run.log_text().splitlines() if "unusable" in x), "")
+    return account(run, o, None)
+
+
+def disk_full(run: Run, rng: random.Random) -> Outcome:
+    """The output folder is a tmpfs with room for one checkpoint; the second save fails."""
+    o = Outcome("disk full during checkpoint", run.mode)
+    run.out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=60m", "tmpfs", str(run.out)], check=True)
+    try:
+        run.start()
+        code = run.wait()
+        o.extra["first_rc"] = code
+        o.message = _error_line(run.log_text())
+        before, ckpt = run.steps_done(), run.checkpoint_step()
+        o.point = f"saving step_{before:06d}"
+        o.extra["previous_intact"] = _intact(run.out / "checkpoints" / f"step_{ckpt:06d}")
+        subprocess.run(["mount", "-o", "remount,size=400m", str(run.out)], check=True)
+        _resume(run, o, before, ckpt)
+        return account(run, o, None)
+    finally:
+        run.leftovers(grace_s=30)
+        subprocess.run(["umount", "-l", str(run.out)], check=False)
+
+
+def _intact(path: Path) -> bool:
+    from vime.orchestration.run_state import RunStateError, verify_checkpoint
+
+    try:
+        verify_checkpoint(path)
+    except RunStateError:
+        return False
+    return True
+
+
+def _error_line(log: str) -> str:
+    return next((x for x in reversed(log.splitlines()) if x.startswith("vime: error:")), "")
+
+
+# Tasks 0..63 are shuffled per epoch; poisoning a quarter puts faults in most steps.
+POISON = {"env reset raises": "reset", "env step raises": "step", "grader times out": "grader"}
+
+FAULTS: dict[str, Callable[[Run, random.Random], Outcome]] = {
+    "engine kill -9": fault_in_run(
+        "engine kill -9", _kill_process(b"vllm.entrypoints.openai.api_server")
+    ),
+    "router kill -9": fault_in_run("router kill -9", _kill_process(b"vllm-router")),
+    "engine SIGSTOP 90s": fault_in_run("engine SIGSTOP 90s", _hang_engine(90.0)),
+    "trainer actor killed": fault_in_run(
+        "trainer actor killed", _kill_process(b"ray::TrainerWorker"), expect_exit=True
+    ),
+    "driver SIGKILL during checkpoint": driver_kill_in_checkpoint,
+    "newest checkpoint corrupted": corrupt_checkpoint,
+    "disk full during checkpoint": disk_full,
+    **{name: fault_in_run(name, _poisoned_tasks) for name in POISON},
+}
+
+
+def run_fault(name: str, work: Path, mode: str = "sync", seed: int = 0) -> Outcome:
+    """One run of fault ``name`` in a fresh folder under ``work``."""
+    rng = random.Random(seed)
+    faults = {}
+    if name in POISON:
+        faults = {i: POISON[name] for i in rng.sample(range(TASKS), TASKS // 4)}
+    run = Run(work / f"{name.replace(' ', '_')}-{mode}-{seed}", mode, faults=faults)
+    try:
+        return FAULTS[name](run, rng)
+    finally:
+        if run.proc is not None and run.proc.poll() is None:
+            run.kill_driver()
+        run.leftovers(grace_s=5)
+
+
+COLUMNS = ("runs finished", "lost silently", "steps trained twice", "steps lost (since ckpt)",
+           "recover s (median)", "left behind")  # fmt: skip
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The one-table summary, one row per fault (all modes and repeats together)."""
+    lines = ["| fault | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for name in dict.fromkeys(o.fault for o in outcomes):
+        group = [o for o in outcomes if o.fault == name]
+        rec = sorted(o.recover_s for o in group if o.recover_s is not None)
+        cells = [
+            f"{sum(o.finished for o in group)}/{len(group)}",
+            str(sum(o.lost_silently for o in group)),
+            str(sum(o.steps_twice for o in group)),
+            f"{max(o.steps_lost for o in group)} ({max(o.since_checkpoint for o in group)})",
+            f"{rec[len(rec) // 2]:.0f}" if rec else "-",
+            str(sum(o.leftovers + o.extra.get("leftovers_after_stop", 0) for o in group)),
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def busy_engine(minutes: float, concurrency: int = 64, max_tokens: int = 200) -> dict:
+    """Keep one engine under full load for ``minutes`` and return what the supervisor did:
+    a healthy but busy engine must never be restarted (no ``engine_*`` event)."""
+    import asyncio
+    import tempfile
+
+    from vime.inference.client import VimeClient
+    from vime.inference.config import ServeConfig
+    from vime.inference.service import InferenceService
+
+    model = _tiny_model(Path(tempfile.gettempdir()) / "vime-faults-tiny")
+    config = ServeConfig(model=str(model), vllm_args=["--max-model-len", "512", "--enforce-eager"])
+    done, failed, worst = 0, 0, 0
+
+    async def load(service: InferenceService) -> None:
+        nonlocal done, failed, worst
+        client = VimeClient(service.base_url, model=service.model_name, max_retries=0)
+        deadline = time.monotonic() + 60 * minutes
+        sampling = {"max_tokens": max_tokens, "temperature": 1.0}
+
+        async def worker(i: int) -> None:
+            nonlocal done, failed
+            while time.monotonic() < deadline:
+                try:
+                    await client.chat([{"role": "user", "content": f"Count to {i}."}],
+                                      sampling=sampling, extra_body={"ignore_eos": True})  # fmt: skip
+                    done += 1
+                except Exception:
+                    failed += 1
+
+        async def watch() -> None:
+            nonlocal worst
+            while time.monotonic() < deadline:
+                worst = max(worst, *(e.failed_checks for e in service.engines))
+                await asyncio.sleep(0.5)
+
+        try:
+            await asyncio.gather(watch(), *(worker(i) for i in range(concurrency)))
+        finally:
+            await client.close()
+
+    with InferenceService(config) as service:
+        asyncio.run(load(service))
+        events = [f"{e.kind}: {e.detail}" for e in service.events]
+        restarts = sum(e.restarts for e in service.engines)
+    return {"minutes": minutes, "concurrency": concurrency, "requests": done, "failed": failed,
+            "worst_failed_health_checks": worst, "restarts": restarts, "events": events}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--faults", default="all", help="comma-separated names, or 'all'")
+    parser.add_argument("--modes", default="sync,async")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("runs/faults"))
+    parser.add_argument(
+        "--busy-minutes", type=float, default=0,
+        help="instead: one engine under full load this long; it must never be restarted",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if args.busy_minutes:
+        print(json.dumps(busy_engine(args.busy_minutes)))
+        return
+    names = list(FAULTS) if args.faults == "all" else args.faults.split(",")
+    args.out.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for name in names:
+        for mode in args.modes.split(","):
+            for seed in range(args.repeats):
+                o = run_fault(name, args.out, mode, seed)
+                outcomes.append(o)
+                print(json.dumps(asdict(o)), flush=True)
+                with (args.out / "outcomes.jsonl").open("a") as f:
+                    f.write(json.dumps(asdict(o)) + "\n")
+    print(table(outcomes))
+
+
+if __name__ == "__main__":
+    main()
