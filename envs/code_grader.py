@@ -203,7 +203,6 @@ async def run_tests(
     """
     nonce = secrets.token_hex(16)
     job = {
-        "harness": HARNESS,
         "context": context,
         "solution": solution,
         "preamble": plan.preamble,

@@ -1,19 +1,18 @@
 """The Code-v0 test harness, run inside the sandbox as ``python3 -I -c <this file>``.
 
-Two processes: the *judge* (this program's default mode) runs the task's tests; the answer
-runs in a separate *answer* process (``... answer``) that the judge calls into. The judge
-reads its job (nonce, tests, the answer's code) from stdin before the answer process exists,
-writes results tagged with the nonce on a private copy of stdout, and evaluates every assert
-itself, on plain values decoded from the answer process. So the answer cannot reach the
-reporter, its files or its exit path: calling ``report``, writing fake result lines or
-exiting early passes nothing. Standard library only; no imports from vime.
+Two processes: the *judge* runs the task's tests; the answer runs in a separate *answer*
+process, forked before the judge reads its job (nonce, tests, the answer's code) from stdin,
+that the judge calls into. The judge writes results tagged with the nonce on a private copy
+of stdout and evaluates every assert itself, on plain values decoded from the answer
+process. So the answer cannot reach the reporter, its files or its exit path: calling
+``report``, writing fake result lines or exiting early passes nothing. Standard library
+only; no imports from vime.
 """
 
 import builtins
 import json
 import math
 import os
-import subprocess
 import sys
 import traceback
 
@@ -80,13 +79,8 @@ def send(stream, message):
 
 
 # --- the answer process ------------------------------------------------------------------------
-def serve_answer():
-    """Run the answer's code, then call its functions on request until stdin closes."""
-    channel_in = os.fdopen(os.dup(0), "r")
-    channel_out = os.fdopen(os.dup(1), "w")
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(2, 1)  # the answer's prints go to stderr, not into the channel
+def serve_answer(channel_in, channel_out):
+    """Run the answer's code, then call its functions on request until the judge hangs up."""
     sys.stdout = sys.stderr
     namespace = {"__name__": "solution"}
     try:
@@ -110,40 +104,75 @@ def serve_answer():
             send(channel_out, ["unsendable", describe(exc)])
 
 
+def drop_privileges():
+    """As root the answer could read the judge's memory: become ``nobody`` when the sandbox
+    has that user (in a user namespace with one uid it does not, and stays the same user)."""
+    if os.geteuid() != 0:
+        return
+    try:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+    except OSError:
+        pass
+
+
 # --- the judge ---------------------------------------------------------------------------------
 class AnswerFailed(Exception):
     """The answer's process raised an exception that is not a builtin one."""
 
 
 class AnswerProcess:
-    """The answer's process and its channel; ``call`` runs one of its functions."""
+    """The answer's process and its channel; ``call`` runs one of its functions.
 
-    def __init__(self, source, solution):
-        argv = [sys.executable, "-I", "-c", source, "answer"]
-        options = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
-        self.process = None
-        if os.geteuid() == 0:  # as root the answer could read our memory: drop to nobody
+    Made by forking the judge *before* it reads its job, so the answer's process never holds
+    the nonce or the tests; it drops the judge's stdin (the unread job) and stdout (the
+    results) at once, before any answer code runs.
+    """
+
+    def __init__(self):
+        to_answer, from_judge = os.pipe()
+        from_answer, to_judge = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
             try:
-                self.process = subprocess.Popen(argv, user=65534, group=65534, **options)
-            except OSError:
-                self.process = None  # no such user in this sandbox: same user, still isolated
-        if self.process is None:
-            self.process = subprocess.Popen(argv, **options)
-        send(self.process.stdin, solution)
-        self.loaded = self._receive()
+                os.close(from_judge)
+                os.close(from_answer)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(2, 1)  # the answer's prints go to stderr
+                drop_privileges()
+                serve_answer(os.fdopen(to_answer, "r"), os.fdopen(to_judge, "w"))
+            finally:
+                os._exit(0)
+        os.close(to_answer)
+        os.close(to_judge)
+        self.channel_out = os.fdopen(from_judge, "w")
+        self.channel_in = os.fdopen(from_answer, "r")
+
+    def load(self, solution):
+        """Send the answer's code; returns ["loaded", names] or ["load_error", reason]."""
+        send(self.channel_out, solution)
+        return self._receive()
+
+    def kill(self):
+        try:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
 
     def _receive(self):
-        line = self.process.stdout.readline(MAX_REPLY_BYTES)
+        line = self.channel_in.readline(MAX_REPLY_BYTES)
         if not line.endswith("\n"):
-            code = self.process.poll()
             if line:
                 raise AnswerFailed("the answer returned a value too large to compare")
-            raise AnswerFailed(f"the answer's process exited (exit code {code})")
+            raise AnswerFailed("the answer's process exited")
         return json.loads(line)
 
     def call(self, name, args, kwargs):
         try:
-            send(self.process.stdin, [name, encode(list(args)), encode(kwargs)])
+            send(self.channel_out, [name, encode(list(args)), encode(kwargs)])
         except BrokenPipeError:
             raise AnswerFailed("the answer's process exited") from None
         reply = self._receive()
@@ -168,43 +197,42 @@ def proxy(answer, name):
 
 
 def judge():
-    """Read the job, start the answer's process, run the tests, report each result."""
-    nonce = sys.stdin.readline().strip()
-    job = json.loads(sys.stdin.read())
-    results = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    """Fork the answer's process, read the job, run the tests, report each result."""
     try:  # our /proc files become root's: same-user processes cannot read our memory or fds
         import ctypes
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except (ImportError, OSError, AttributeError):  # no ctypes (python3-minimal), no Linux
         pass
+    answer = AnswerProcess()  # before the job is read: it must never be in the answer's memory
+    nonce = sys.stdin.readline().strip()
+    job = json.loads(sys.stdin.read())
+    results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
 
     def report(index, error):
         send(results, [nonce, index, error])
 
     namespace = {"__name__": "tests"}
-    answer = None
     try:
         exec(compile(job["context"], "prompt.py", "exec"), namespace)  # trusted helpers
         trusted = set(namespace)
-        answer = AnswerProcess(job["harness"], job["solution"])
-        if answer.loaded[0] == "load_error":
-            raise AnswerFailed(answer.loaded[1])
-        for name in answer.loaded[1]:
+        loaded = answer.load(job["solution"])
+        if loaded[0] == "load_error":
+            raise AnswerFailed(loaded[1])
+        for name in loaded[1]:
             if name not in trusted or name in job["called"]:
                 namespace[name] = proxy(answer, name)
         exec(compile(job["preamble"], "tests.py", "exec"), namespace)
         for name, target in job["bind"].items():
-            if target not in answer.loaded[1]:
+            if target not in loaded[1]:
                 raise NameError(f"the code defines no function {target!r}")
             namespace[name] = proxy(answer, target)
     except BaseException as exc:
         traceback.print_exc()
         report("load", describe(exc))
-        if answer is not None:
-            answer.process.kill()
+        answer.kill()
         return
     for index, step in enumerate(job["steps"]):
         try:
@@ -218,11 +246,8 @@ def judge():
         else:
             if step["counted"]:
                 report(index, None)
-    answer.process.kill()
+    answer.kill()
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["answer"]:
-        serve_answer()
-    else:
-        judge()
+    judge()
