@@ -2,14 +2,18 @@
 
 A task's ``fault`` field makes its episodes fail on purpose: ``reset`` or ``step`` raise, or the
 grader (run in a killable grading worker) sleeps past its time limit. Other tasks earn reward 1
-when the sum of the reply's character codes is even, so a random tiny model has signal.
+when the sum of the reply's character codes is even, so a random tiny model has signal. With
+``sandbox=`` every step first makes a two-second tool call in a fresh sandbox of that backend
+(the harness kills its container or its server meanwhile).
 """
 
 from __future__ import annotations
 
 import time
 
+from vime.envs.base import run_in_env_thread
 from vime.envs.grading import GraderTimeout, run_graded
+from vime.sandboxes import create
 
 import vime
 
@@ -25,12 +29,26 @@ def grade(text: str, sleep_s: float) -> float:
 class FaultyParity(vime.Env):
     """Parity rewards; ``task["fault"]`` in {reset, step, grader} injects that fault."""
 
+    def __init__(self, sandbox: str | None = None, **sandbox_options) -> None:
+        super().__init__()
+        self.sandbox, self.sandbox_options = sandbox, sandbox_options
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.task = (options or {}).get("task") or {"question": "Say something."}
         if self.task.get("fault") == "reset":
             raise RuntimeError(f"injected fault in reset of task {self.task.get('id')}")
         return [{"role": "user", "content": self.task["question"]}], {}
+
+    async def astep(self, action):
+        if self.sandbox:
+            async with create(self.sandbox, **self.sandbox_options) as box:
+                result = await box.run("sleep 2; echo tool-ok", timeout=60)
+            if result.exit_code != 0 or "tool-ok" not in result.stdout:
+                raise RuntimeError(
+                    f"the tool call failed: exit {result.exit_code}, {result.stderr[-200:]!r}"
+                )
+        return await run_in_env_thread(self.step, action)
 
     def step(self, action):
         fault = self.task.get("fault")

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -78,6 +79,8 @@ class Run:
         self.tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
         self.proc: subprocess.Popen | None = None
         self.logs: list[Path] = []
+        self.drivers: list[int] = []  # pids of every `vime train` started (sandbox owners)
+        self.extra_args: tuple[str, ...] = ()
 
     def argv(self, *extra: str) -> list[str]:
         return [
@@ -85,7 +88,7 @@ class Run:
             "--tasks", str(self.tasks), "--output-dir", str(self.out), "--mode", self.mode,
             "--rollout-batch-size", "2", "--n", "2", "--max-tokens", "8", "--max-turns", "1",
             "--lr", "1e-3", "--vllm-max-model-len", "256", "--vllm-enforce-eager",
-            "--num-steps", str(self.steps), "--save-interval", "2", *extra,
+            "--num-steps", str(self.steps), "--save-interval", "2", *self.extra_args, *extra,
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -100,6 +103,7 @@ class Run:
             self.argv(*extra), stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env(),
             cwd=ROOT, start_new_session=True,
         )  # fmt: skip
+        self.drivers.append(self.proc.pid)
         return self.proc
 
     def wait(self, timeout: float = 900) -> int:
@@ -130,14 +134,34 @@ class Run:
                     found.append(int(p))
         return found
 
+    def containers(self) -> list[str]:
+        """Docker sandbox containers (running or not) that this run's drivers created."""
+        if not self.drivers or "sandbox" not in " ".join(self.extra_args):
+            return []
+        fmt = '{{.ID}} {{.Label "vime.owner"}}'
+        listed = subprocess.run(
+            ["docker", "ps", "-a", "--filter", "label=vime.sandbox=1", "--format", fmt],
+            capture_output=True, text=True, check=False,
+        ).stdout.split("\n")  # fmt: skip
+        owners = tuple(f"{os.uname().nodename}:{pid}:" for pid in self.drivers)
+        return [
+            line.split()[0]
+            for line in listed
+            if line.split()[1:2] and line.split()[1].startswith(owners)
+        ]
+
     def leftovers(self, grace_s: float = 20.0) -> int:
+        """Processes and containers of this run still there ``grace_s`` after it ended
+        (then removed, so that they do not disturb the next run)."""
         deadline = time.monotonic() + grace_s
-        while self.processes() and time.monotonic() < deadline:
+        while (self.processes() or self.containers()) and time.monotonic() < deadline:
             time.sleep(1)
-        left = self.processes()
-        for pid in left:  # do not let one run's leftovers disturb the next
+        left, boxes = self.processes(), self.containers()
+        for pid in left:
             _signal(pid, signal.SIGKILL)
-        return len(left)
+        if boxes:
+            subprocess.run(["docker", "rm", "-f", *boxes], capture_output=True, check=False)
+        return len(left) + len(boxes)
 
     def kill_driver(self) -> None:
         assert self.proc is not None
@@ -257,6 +281,63 @@ def _hang_engine(hang_s: float) -> Callable:
 def _poisoned_tasks(run: Run, rng: random.Random, o: Outcome) -> None:
     """Nothing to do while the run goes: a quarter of its tasks carry the fault."""
     o.point = f"{TASKS // 4} of {TASKS} tasks"
+
+
+def _kill_container(run: Run, rng: random.Random, o: Outcome) -> float:
+    o.point = _mid_step(run, rng)
+
+    def running() -> list[str]:
+        ids = run.containers()
+        return [c for c in ids if _docker("inspect", "-f", "{{.State.Running}}", c) == "true"]
+
+    victim = wait_for(running, 120, "a running sandbox container")[0]
+    _docker("kill", victim)
+    return time.time()
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True).stdout.strip()
+
+
+def remote_server_down(run: Run, rng: random.Random, down_s: float = 30.0) -> Outcome:
+    """The sandbox server the env's tool calls go to is killed, and started again ``down_s``
+    later on the same port."""
+    o = Outcome(f"remote sandbox server down {down_s:.0f}s", run.mode)
+    token = uuid.uuid4().hex
+    (run.work / "token").write_text(token)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    serve = [sys.executable, "-m", "vime", "sandbox", "serve", "--port", str(port),
+             "--token-file", str(run.work / "token"), "--backend", "local"]  # fmt: skip
+
+    def start_server() -> subprocess.Popen:
+        server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_for(lambda: _port_open(port), 60, "the sandbox server")
+        return server
+
+    server = start_server()
+    kwargs = {"sandbox": "remote", "url": f"http://127.0.0.1:{port}", "token": token}
+    run.extra_args = ("--env-kwargs", json.dumps(kwargs))
+    try:
+        run.start()
+        o.point = _mid_step(run, rng)
+        server.kill()
+        server.wait()
+        at = time.time()
+        time.sleep(down_s)
+        server = start_server()
+        run.wait()
+        o.message = _error_line(run.log_text())
+        return account(run, o, at)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _resume(run: Run, o: Outcome, before: int, ckpt: int) -> None:
@@ -382,6 +463,10 @@ FAULTS: dict[str, Callable[[Run, random.Random], Outcome]] = {
     "driver SIGKILL during checkpoint": driver_kill_in_checkpoint,
     "newest checkpoint corrupted": corrupt_checkpoint,
     "disk full during checkpoint": disk_full,
+    "docker sandbox killed mid-tool-call": fault_in_run(
+        "docker sandbox killed mid-tool-call", _kill_container
+    ),
+    "remote sandbox server down 30s": remote_server_down,
     **{name: fault_in_run(name, _poisoned_tasks) for name in POISON},
 }
 
@@ -393,6 +478,8 @@ def run_fault(name: str, work: Path, mode: str = "sync", seed: int = 0) -> Outco
     if name in POISON:
         faults = {i: POISON[name] for i in rng.sample(range(TASKS), TASKS // 4)}
     run = Run(work / f"{name.replace(' ', '_')}-{mode}-{seed}", mode, faults=faults)
+    if name.startswith("docker sandbox"):
+        run.extra_args = ("--env-kwargs", json.dumps({"sandbox": "docker"}))
     try:
         return FAULTS[name](run, rng)
     finally:

@@ -1,0 +1,40 @@
+"""The harness's counts: a lost episode, a reasonless failure and a twice-trained step are seen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _episode(status: str = "completed", error: str | None = None) -> dict:
+    return {"status": status, "error": error, "metrics": {}}
+
+
+def test_missing_and_reasonless_episodes_and_twice_trained_steps_are_counted(faults, tmp_path):
+    run = faults.Run(tmp_path / "case", "sync", steps=2)
+    _write(run.out / "metrics.jsonl", [{"step": 1, "time": 10.0}, {"step": 2, "time": 20.0}])
+    _write(
+        run.out / "trajectories" / "step_000001.jsonl",
+        [_episode(), _episode(), _episode("failed", "RuntimeError: boom"), _episode("aborted")],
+    )
+    _write(run.out / "trajectories" / "step_000002.jsonl", [_episode()] * 3)  # one missing
+    trained = [{"step": 0, "sample_id": "a"}, {"step": 1, "sample_id": "b"}]
+    _write(run.out / "trained_samples.jsonl", [*trained, {"step": 1, "sample_id": "a"}])
+    o = faults.account(run, faults.Outcome("none", "sync"), fault_at=15.0)
+    assert (o.lost_silently, o.failed_with_reason, o.steps_twice) == (2, 1, 2)
+    assert o.recover_s == 5.0 and o.leftovers == 0 and not o.finished
+
+
+def test_the_table_has_one_row_per_fault_with_every_column(faults):
+    outcomes = [
+        faults.Outcome("engine kill -9", "sync", finished=True, recover_s=12.0),
+        faults.Outcome("engine kill -9", "async", finished=False, lost_silently=1, leftovers=2),
+    ]
+    lines = faults.table(outcomes).splitlines()
+    assert len(lines) == 3
+    assert lines[2] == "| engine kill -9 | 1/2 | 1 | 0 | 0 (0) | 12 | 2 |"
