@@ -4,7 +4,8 @@ sandbox, at several concurrencies; beside it, the same stub and task driven by t
 ``verifiers`` package when a venv with it is given. Prints a table; ``--out FILE`` writes JSON.
 
     .venv/bin/python bench/rollout_overhead.py --concurrency 64 256 1024 \\
-        --verifiers-python /tmp/vf-venv/bin/python --out rollout_overhead.json
+        --verifiers-python /tmp/verifiers-venv/bin/python /tmp/verifiers01-venv/bin/python \\
+        --out rollout_overhead.json
 """
 
 from __future__ import annotations
@@ -115,34 +116,70 @@ async def vime_turns_per_s(url: str, concurrency: int, episodes: int, mode: str)
     }
 
 
-def verifiers_turns_per_s(python: str, url: str, concurrency: int, episodes: int) -> dict[str, Any]:
-    """The same task driven by ``verifiers`` in its own venv (``bench/_verifiers_driver.py``)."""
-    driver = Path(__file__).with_name("_verifiers_driver.py")
+def verifiers_version(python: str) -> str:
+    """The ``verifiers`` version installed in the venv of ``python``."""
     out = subprocess.run(
-        [
-            python,
-            str(driver),
-            "--url",
-            url,
-            "--concurrency",
-            str(concurrency),
-            "--episodes",
-            str(episodes),
-            "--turns",
-            str(TURNS),
-        ],
+        [python, "-c", "import verifiers; print(verifiers.__version__)"],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=120,
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def verifiers_turns_per_s(
+    python: str, version: str, url: str, concurrency: int, episodes: int
+) -> dict[str, Any]:
+    """The same task driven by ``verifiers`` in its own venv: ``_verifiers_driver.py`` for the
+    0.1.x API, ``_verifiers_v1_driver.py`` for the 0.4 (``verifiers.v1``) API."""
+    v1 = tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) >= (0, 4)
+    driver = Path(__file__).with_name("_verifiers_v1_driver.py" if v1 else "_verifiers_driver.py")
+    argv = [python, str(driver), "--url", url, "--concurrency", str(concurrency)]
+    argv += ["--episodes", str(episodes), "--turns", str(TURNS)]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=1800,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     if out.returncode != 0:
         return {
-            "framework": "verifiers",
+            "framework": f"verifiers {version}",
             "concurrency": concurrency,
             "error": out.stderr.strip().splitlines()[-1:],
         }
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    return {**row, "framework": f"verifiers {version}"}
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The rows side by side; each vime row with its speed-up over every verifiers version."""
+    peers = sorted({r["framework"] for r in rows if r["framework"].startswith("verifiers")})
+    head = f"{'framework':<20}{'concurrency':>12}{'episodes':>10}{'turns/s':>10}"
+    print("\n" + head + "".join(f"{'vs ' + p:>22}" for p in peers))
+    for row in rows:
+        if "error" in row:
+            print(f"{row['framework']:<20}{row['concurrency']:>12}  error: {row['error']}")
+            continue
+        cells = []
+        for peer in peers:
+            ref = next(
+                (
+                    r
+                    for r in rows
+                    if r["framework"] == peer
+                    and r["concurrency"] == row["concurrency"]
+                    and r.get("turns_per_s")
+                ),
+                None,
+            )
+            mine = row["framework"].startswith("vime") and ref
+            cells.append(f"{row['turns_per_s'] / ref['turns_per_s']:.1f}x" if mine else "-")
+        print(
+            f"{row['framework']:<20}{row['concurrency']:>12}{row['episodes']:>10}"
+            f"{row['turns_per_s']:>10.0f}" + "".join(f"{c:>22}" for c in cells)
+        )
 
 
 def main() -> None:
@@ -157,10 +194,16 @@ def main() -> None:
         help="episodes per point (default: max(256, concurrency))",
     )
     parser.add_argument("--mode", choices=["tokens", "chat"], nargs="+", default=["tokens", "chat"])
-    parser.add_argument("--verifiers-python", help="python of a venv with verifiers installed")
+    parser.add_argument(
+        "--verifiers-python",
+        nargs="+",
+        default=[],
+        help="python of each venv with a verifiers version installed (one row per version)",
+    )
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
 
+    peers = [(python, verifiers_version(python)) for python in args.verifiers_python]
     stub, url = start_stub()
     rows: list[dict[str, Any]] = []
     try:
@@ -169,36 +212,14 @@ def main() -> None:
             for mode in args.mode:
                 rows.append(asyncio.run(vime_turns_per_s(url, concurrency, episodes, mode)))
                 print(json.dumps(rows[-1]), flush=True)
-            if args.verifiers_python:
-                rows.append(
-                    verifiers_turns_per_s(args.verifiers_python, url, concurrency, episodes)
-                )
+            for python, version in peers:
+                rows.append(verifiers_turns_per_s(python, version, url, concurrency, episodes))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         stub.kill()
         stub.wait()
 
-    print(
-        f"\n{'framework':<16}{'concurrency':>12}{'episodes':>10}{'turns/s':>10}{'vs verifiers':>14}"
-    )
-    for row in rows:
-        if "error" in row:
-            print(f"{row['framework']:<16}{row['concurrency']:>12}  error: {row['error']}")
-            continue
-        ref = next(
-            (
-                r
-                for r in rows
-                if r["framework"] == "verifiers"
-                and r["concurrency"] == row["concurrency"]
-                and r.get("turns_per_s")
-            ),
-            None,
-        )
-        ratio = f"{row['turns_per_s'] / ref['turns_per_s']:.2f}x" if ref else "-"
-        print(
-            f"{row['framework']:<16}{row['concurrency']:>12}{row['episodes']:>10}{row['turns_per_s']:>10.0f}{ratio:>14}"
-        )
+    print_table(rows)
     at_256 = [
         r["turns_per_s"]
         for r in rows

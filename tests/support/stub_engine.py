@@ -244,8 +244,11 @@ class StubServer:
             }
             for i, t in enumerate(ids)
         ]
+        message = self._message(reply)
+        if body.get("stream"):
+            return await self._stream(request, message, finish, version)
         choice = {
-            "message": self._message(reply),
+            "message": message,
             "logprobs": {"content": logprobs},
             "finish_reason": finish,
             "token_ids": ids,
@@ -253,6 +256,30 @@ class StubServer:
         return self._openai_response(
             "chat.completion", choice, prompt_ids, ids, version, prompt_token_ids=prompt_ids
         )
+
+    async def _stream(self, request: Any, message: dict, finish: str, version: int) -> Any:
+        """A streamed chat answer (``stream=True``), as server-sent events: the whole reply in
+        one delta, then the finish reason and ``[DONE]``."""
+        from aiohttp import web
+
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "x-vime-weight-version": str(version)}
+        )
+        await response.prepare(request)
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        envelope = {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion.chunk"}
+        envelope.update(created=int(time.time()), model=self.model)
+        chunks = [
+            {**envelope, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+            {**envelope, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+        ]
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     def _openai_response(
         self,
