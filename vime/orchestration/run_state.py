@@ -81,8 +81,8 @@ def save_checkpoint(
         _fsync_write(tmp / "buffer.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in buffer))
         _fsync_write(tmp / CHECKSUMS, json.dumps(_checksums(tmp), indent=1, sort_keys=True))
     except Exception as exc:
-        full = _disk_full(save_dir, exc)
         shutil.rmtree(tmp, ignore_errors=True)
+        full = _disk_full(save_dir, exc)
         raise CheckpointSaveError(_save_failure(final, save_dir, exc, full)) from exc
     except BaseException:  # an interrupt: nothing to explain, but leave no partial folder
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,28 +96,44 @@ def save_checkpoint(
     return final
 
 
-def _disk_full(save_dir: Path, exc: BaseException) -> bool:
-    """Whether a failed save ran out of space: an ENOSPC anywhere in the chain, or (torch's
-    writer reports it as a RuntimeError, Ray wraps a trainer's error) almost no space left."""
-    seen: BaseException | None = exc
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception behind ``exc`` (Ray's RayTaskError keeps a trainer's in ``cause``)."""
     for _ in range(8):
-        if seen is None:
+        cause = getattr(exc, "cause", None)
+        inner = cause if isinstance(cause, BaseException) else exc.__cause__
+        if inner is None:
             break
-        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-            return True
-        cause = getattr(seen, "cause", None)  # Ray's RayTaskError keeps the remote exception
-        seen = cause if isinstance(cause, BaseException) else seen.__cause__
+        exc = inner
+    return exc
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _disk_full(save_dir: Path, exc: BaseException) -> str | None:
+    """Why a failed save looks like a full disk, or None. torch's writer reports ENOSPC as a
+    RuntimeError without errno, so less free space than the previous checkpoint took counts."""
+    cause = _root_cause(exc)
+    if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+        return cause.strerror or "ENOSPC"
+    previous = latest_checkpoint_name(save_dir)
     try:
-        return shutil.disk_usage(save_dir).free < 16 * 2**20
+        free = shutil.disk_usage(save_dir).free
+        needed = _folder_bytes(save_dir / previous) if previous else 0
     except OSError:
-        return False
+        return None
+    if free < max(needed, 16 * 2**20):
+        return f"{free / 2**20:.0f} MiB free, the previous checkpoint took {needed / 2**20:.0f} MiB"
+    return None
 
 
-def _save_failure(final: Path, save_dir: Path, exc: BaseException, full: bool) -> str:
+def _save_failure(final: Path, save_dir: Path, exc: BaseException, full: str | None) -> str:
     previous = latest_checkpoint_name(save_dir)
     kept = f"the previous checkpoint {previous} is intact" if previous else "there is none yet"
-    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    why = f"the disk is full ({reason})" if full else f"the write failed ({reason})"
+    cause = _root_cause(exc)
+    reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+    why = f"the disk is full ({full}; {reason})" if full else f"the write failed ({reason})"
     return (
         f"could not save the checkpoint {final}: {why}; its partial folder was removed and "
         f"{kept}. Free space (or fix the folder), then rerun the same command with --resume"
