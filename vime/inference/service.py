@@ -175,14 +175,40 @@ class InferenceService:
 
         with self._weights_lock:
             version = self._state.version + 1 if version is None else version
-            with self._lock:
-                urls = [e.url for e in self.engines if e.healthy]
             updater = WeightUpdater(mode=self.config.weight_update_mode)
-            report = asyncio.run(updater.update(urls, str(folder), version))
+            urls = self._live_urls()
+            try:
+                report = asyncio.run(updater.update(urls, str(folder), version)) if urls else None
+            except InferenceError:
+                # An engine that died before the supervisor noticed fails the update; the
+                # live ones are updated again, the dead one gets these weights on its restart.
+                if self._live_urls() == urls:
+                    raise
+                urls = self._live_urls()
+                report = asyncio.run(updater.update(urls, str(folder), version)) if urls else None
             with self._lock:
                 self._state.weights_folder = str(folder)
                 self._state.version = version
+        if report is None:
+            # No live engine: each restarts and loads this folder before it takes traffic.
+            self._wait_for_an_engine()
+            report = UpdateReport(version=version, engines=[])
         return report
+
+    def _wait_for_an_engine(self) -> None:
+        deadline = time.monotonic() + self.config.engine_start_timeout
+        while not self._live_urls():
+            if all(e.given_up for e in self.engines) or time.monotonic() > deadline:
+                raise InferenceError(
+                    "weight update: no engine is running and none came back from a restart "
+                    f"within {self.config.engine_start_timeout:g}s; see the engine logs in "
+                    f"{self.log_dir}"
+                )
+            time.sleep(0.5)
+
+    def _live_urls(self) -> list[str]:
+        with self._lock:
+            return [e.url for e in self.engines if e.healthy and e.process.alive()]
 
     async def aupdate_weights(self, folder: str | Path, version: int | None = None) -> UpdateReport:
         """:meth:`update_weights` without blocking the event loop."""
