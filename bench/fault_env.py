@@ -1,14 +1,15 @@
 """The env of the fault-injection runs (bench/faults.py): parity rewards, plus faults on cue.
 
-A task's ``fault`` field makes its episodes fail on purpose: ``reset`` or ``step`` raise, or the
-grader (run in a killable grading worker) sleeps past its time limit. Other tasks earn reward 1
-when the sum of the reply's character codes is even, so a random tiny model has signal. With
-``sandbox=`` every step first makes a two-second tool call in a fresh sandbox of that backend
-(the harness kills its container or its server meanwhile).
+A task's ``fault`` field makes a random ``FAULT_RATE`` of its episodes fail on purpose:
+``reset`` or ``step`` raise, or the grader (run in a killable grading worker) sleeps past its
+time limit. Other episodes earn reward 1 when the sum of the reply's character codes is even,
+so a random tiny model has signal. With ``sandbox=`` every step first makes a two-second tool
+call in a fresh sandbox of that backend (the harness kills its container or its server meanwhile).
 """
 
 from __future__ import annotations
 
+import random
 import time
 
 from vime.envs.base import run_in_env_thread
@@ -18,6 +19,10 @@ from vime.sandboxes import create
 import vime
 
 GRADER_LIMIT_S = 1.0
+# Per episode, so that most steps have some faulty episodes and almost none has only those
+# (a step whose every episode fails stops the run as a broken setup).
+FAULT_RATE = 0.3
+_draw = random.SystemRandom()
 
 
 def grade(text: str, sleep_s: float) -> float:
@@ -36,7 +41,8 @@ class FaultyParity(vime.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.task = (options or {}).get("task") or {"question": "Say something."}
-        if self.task.get("fault") == "reset":
+        self.fault = self.task.get("fault") if _draw.random() < FAULT_RATE else None
+        if self.fault == "reset":
             raise RuntimeError(f"injected fault in reset of task {self.task.get('id')}")
         return [{"role": "user", "content": self.task["question"]}], {}
 
@@ -51,7 +57,7 @@ class FaultyParity(vime.Env):
         return await run_in_env_thread(self.step, action)
 
     def step(self, action):
-        fault = self.task.get("fault")
+        fault = self.fault
         if fault == "step":
             raise RuntimeError(f"injected fault in step of task {self.task.get('id')}")
         text = self.parse_action(action).get("content") or ""

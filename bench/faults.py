@@ -35,6 +35,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vime.orchestration.reaper import _read as read_bytes
+from vime.orchestration.reaper import pid_alive
+
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "VIME_FAULT_RUN"
 TASKS = 64
@@ -126,13 +129,14 @@ class Run:
     def processes(self, pattern: bytes = b"") -> list[int]:
         """Live processes carrying this run's marker whose command line contains ``pattern``."""
         needle = f"{MARK}={self.marker}".encode()
-        found = []
-        for p in os.listdir("/proc"):
-            if p.isdigit() and needle in _read_bytes(f"/proc/{p}/environ"):
-                state = _read(f"/proc/{p}/stat").rsplit(")", 1)[-1].split()[:1]
-                if state != ["Z"] and pattern in _read_bytes(f"/proc/{p}/cmdline"):
-                    found.append(int(p))
-        return found
+        return [
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit()
+            and needle in read_bytes(f"/proc/{p}/environ")
+            and pid_alive(int(p))
+            and pattern in read_bytes(f"/proc/{p}/cmdline")
+        ]
 
     def containers(self) -> list[str]:
         """Docker sandbox containers (running or not) that this run's drivers created."""
@@ -177,16 +181,8 @@ def _tiny_model(path: Path) -> Path:
     return path
 
 
-def _read_bytes(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def _read(path: str | Path) -> str:
-    return _read_bytes(str(path)).decode(errors="replace").strip()
+    return read_bytes(str(path)).decode(errors="replace").strip()
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -279,8 +275,8 @@ def _hang_engine(hang_s: float) -> Callable:
 
 
 def _poisoned_tasks(run: Run, rng: random.Random, o: Outcome) -> None:
-    """Nothing to do while the run goes: a quarter of its tasks carry the fault."""
-    o.point = f"{TASKS // 4} of {TASKS} tasks"
+    """Nothing to do while the run goes: its env injects the fault into some episodes."""
+    o.point = "30% of episodes"
 
 
 def _kill_container(run: Run, rng: random.Random, o: Outcome) -> float:
@@ -448,14 +444,15 @@ def _error_line(log: str) -> str:
     return next((x for x in reversed(log.splitlines()) if x.startswith("vime: error:")), "")
 
 
-# Tasks 0..63 are shuffled per epoch; poisoning a quarter puts faults in most steps.
+# Every task carries the fault; the env injects it into a random 30% of the episodes.
 POISON = {"env reset raises": "reset", "env step raises": "step", "grader times out": "grader"}
 
 FAULTS: dict[str, Callable[[Run, random.Random], Outcome]] = {
     "engine kill -9": fault_in_run(
         "engine kill -9", _kill_process(b"vllm.entrypoints.openai.api_server")
     ),
-    "router kill -9": fault_in_run("router kill -9", _kill_process(b"vllm-router")),
+    # vllm-router renames its process "vllm::router".
+    "router kill -9": fault_in_run("router kill -9", _kill_process(b"vllm::router")),
     "engine SIGSTOP 90s": fault_in_run("engine SIGSTOP 90s", _hang_engine(90.0)),
     "trainer actor killed": fault_in_run(
         "trainer actor killed", _kill_process(b"ray::TrainerWorker"), expect_exit=True
@@ -476,7 +473,7 @@ def run_fault(name: str, work: Path, mode: str = "sync", seed: int = 0) -> Outco
     rng = random.Random(seed)
     faults = {}
     if name in POISON:
-        faults = {i: POISON[name] for i in rng.sample(range(TASKS), TASKS // 4)}
+        faults = dict.fromkeys(range(TASKS), POISON[name])
     run = Run(work / f"{name.replace(' ', '_')}-{mode}-{seed}", mode, faults=faults)
     if name.startswith("docker sandbox"):
         run.extra_args = ("--env-kwargs", json.dumps({"sandbox": "docker"}))
@@ -488,8 +485,8 @@ def run_fault(name: str, work: Path, mode: str = "sync", seed: int = 0) -> Outco
         run.leftovers(grace_s=5)
 
 
-COLUMNS = ("runs finished", "lost silently", "steps trained twice", "steps lost (since ckpt)",
-           "recover s (median)", "left behind")  # fmt: skip
+COLUMNS = ("modes", "runs finished", "lost silently", "failed with reason", "steps trained twice",
+           "steps lost (since ckpt)", "recover s (median)", "left behind")  # fmt: skip
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -499,8 +496,10 @@ def table(outcomes: list[Outcome]) -> str:
         group = [o for o in outcomes if o.fault == name]
         rec = sorted(o.recover_s for o in group if o.recover_s is not None)
         cells = [
+            ", ".join(dict.fromkeys(o.mode for o in group)),
             f"{sum(o.finished for o in group)}/{len(group)}",
             str(sum(o.lost_silently for o in group)),
+            str(sum(o.failed_with_reason + int(o.extra.get("grader_timeouts", 0)) for o in group)),
             str(sum(o.steps_twice for o in group)),
             f"{max(o.steps_lost for o in group)} ({max(o.since_checkpoint for o in group)})",
             f"{rec[len(rec) // 2]:.0f}" if rec else "-",

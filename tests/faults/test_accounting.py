@@ -37,4 +37,4 @@ def test_the_table_has_one_row_per_fault_with_every_column(faults):
     ]
     lines = faults.table(outcomes).splitlines()
     assert len(lines) == 3
-    assert lines[2] == "| engine kill -9 | 1/2 | 1 | 0 | 0 (0) | 12 | 2 |"
+    assert lines[2] == "| engine kill -9 | sync, async | 1/2 | 1 | 0 | 0 | 0 (0) | 12 | 2 |"

@@ -1,0 +1,80 @@
+"""One case of each fault of bench/faults.py against a real `vime train` (tiny model, CPU).
+
+Every case asserts the same zeros: no episode lost without a reason, no step trained twice,
+no process left behind, and the run finished (after a ``--resume`` where it had to stop).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def check_zeros(o) -> None:
+    assert o.finished, o
+    assert o.lost_silently == 0, o
+    assert o.steps_twice == 0, o
+    assert o.leftovers == 0 and o.extra.get("leftovers_after_stop", 0) == 0, o
+    assert o.steps_lost <= o.since_checkpoint, o
+
+
+def test_a_killed_trainer_stops_the_run_with_one_error_and_a_resume_hint(faults, tmp_path):
+    o = faults.run_fault("trainer actor killed", tmp_path)
+    assert o.extra["first_rc"] == 2  # a VimeError, not a traceback or a hang
+    assert o.message.startswith("vime: error: the run stopped: an actor died during the trainer's")
+    assert "Rerun the same command with --resume" in o.message
+    assert o.extra["stopped_s"] < 120
+    check_zeros(o)
+
+
+def test_a_corrupted_newest_checkpoint_resumes_from_the_one_before(faults, tmp_path):
+    o = faults.run_fault("newest checkpoint corrupted", tmp_path, seed=1)
+    assert "the newest checkpoint is unusable: step_000002" in o.message
+    assert "resuming from step_000001" in o.message
+    check_zeros(o)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (needs root)")
+def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(faults, tmp_path):
+    o = faults.run_fault("disk full during checkpoint", tmp_path)
+    assert o.extra["first_rc"] == 2
+    assert "could not save the checkpoint" in o.message and "the disk is full" in o.message
+    assert "the previous checkpoint step_000002 is intact" in o.message
+    assert o.extra["previous_intact"]
+    check_zeros(o)
+
+
+def test_a_driver_killed_while_writing_a_checkpoint_resumes_without_training_twice(
+    faults, tmp_path
+):
+    o = faults.run_fault("driver SIGKILL during checkpoint", tmp_path)
+    assert o.extra["leftovers_after_kill"] == 0
+    check_zeros(o)
+
+
+@pytest.mark.parametrize("fault", ["engine kill -9", "router kill -9", "engine SIGSTOP 90s"])
+def test_the_run_survives_a_dead_or_hung_process(faults, tmp_path, fault):
+    check_zeros(faults.run_fault(fault, tmp_path))
+
+
+@pytest.mark.docker
+def test_the_run_survives_a_sandbox_container_killed_mid_tool_call(faults, tmp_path):
+    check_zeros(faults.run_fault("docker sandbox killed mid-tool-call", tmp_path))
+
+
+@pytest.mark.parametrize("fault", ["env reset raises", "env step raises"])
+def test_episodes_of_a_raising_env_fail_with_their_reason_and_the_rest_train(
+    faults, tmp_path, fault
+):
+    o = faults.run_fault(fault, tmp_path)
+    check_zeros(o)
+    assert o.failed_with_reason > 0, o
+
+
+def test_a_grader_past_its_limit_scores_zero_and_is_counted(faults, tmp_path):
+    o = faults.run_fault("grader times out", tmp_path)
+    check_zeros(o)
+    assert o.extra["grader_timeouts"] > 0, o
