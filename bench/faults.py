@@ -84,6 +84,7 @@ class Run:
         self.logs: list[Path] = []
         self.drivers: list[int] = []  # pids of every `vime train` started (sandbox owners)
         self.extra_args: tuple[str, ...] = ()
+        self.left_behind: list[str] = []  # command lines of the leftovers found, for the report
 
     def argv(self, *extra: str) -> list[str]:
         return [
@@ -161,6 +162,9 @@ class Run:
         while (self.processes() or self.containers()) and time.monotonic() < deadline:
             time.sleep(1)
         left, boxes = self.processes(), self.containers()
+        self.left_behind += [
+            read_bytes(f"/proc/{p}/cmdline")[:80].decode(errors="replace") for p in left
+        ]
         for pid in left:
             _signal(pid, signal.SIGKILL)
         if boxes:
@@ -228,6 +232,8 @@ def account(run: Run, outcome: Outcome, fault_at: float | None) -> Outcome:
         later = [r["time"] for r in run.rows() if r["time"] > fault_at]
         outcome.recover_s = round(min(later) - fault_at, 1) if later else None
     outcome.leftovers = run.leftovers()
+    if run.left_behind:
+        outcome.extra["left_behind"] = run.left_behind
     return outcome
 
 

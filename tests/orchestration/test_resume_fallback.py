@@ -84,3 +84,12 @@ def test_no_intact_checkpoint_is_an_error_naming_each(tiny_model, tmp_path) -> N
     assert "step_000002 (step_000002: buffer.jsonl does not match its checksum" in str(err.value)
     assert "step_000001 (step_000001: buffer.jsonl" in str(err.value)
     assert "another --output-dir" in str(err.value)
+
+
+def test_a_resume_before_the_first_checkpoint_forgets_what_the_killed_run_trained(
+    tiny_model, tmp_path
+) -> None:
+    (tmp_path / "trained_samples.jsonl").write_text('{"step": 0, "sample_id": "t1@0#0"}\n')
+    loop = _loop(tiny_model, tmp_path, FileTrainerCluster())
+    assert not loop.restore()
+    assert (tmp_path / "trained_samples.jsonl").read_text() == ""

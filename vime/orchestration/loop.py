@@ -90,6 +90,9 @@ class RLLoop:
         """
         candidates = checkpoints_newest_first(self.out / "checkpoints")
         if not candidates:
+            # Killed before its first checkpoint: what it trained is gone with the trainer,
+            # so its lines must go too, or their samples would count as trained twice.
+            _truncate_lines(self.out / "trained_samples.jsonl", 0)
             return False
         skipped: list[str] = []
         for path in candidates:
