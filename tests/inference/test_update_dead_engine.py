@@ -69,3 +69,33 @@ def test_no_engine_coming_back_is_an_error(service) -> None:
         e.process.is_alive = False
     with pytest.raises(InferenceError, match="no engine is running and none came back"):
         service.update_weights("/tmp/w3", 3)
+
+
+def test_an_engine_dying_during_the_update_is_left_out_on_a_second_try(service) -> None:
+    service.engines[1].process.is_alive = True
+    dying = service.engines[1]
+
+    class DropsB(RecordingUpdater):
+        async def update(self, urls, folder, version):
+            RecordingUpdater.calls.append(list(urls))
+            if "http://b" in urls:  # its connection drops before its process is seen dead
+                threading.Timer(0.3, setattr, (dying.process, "is_alive", False)).start()
+                raise InferenceError("weight update: pause (wait) on http://b failed: ReadError")
+            return service_mod.UpdateReport(version=version, engines=list(urls))
+
+    service_mod.WeightUpdater = DropsB
+    report = service.update_weights("/tmp/w4", 4)
+    assert RecordingUpdater.calls == [["http://a", "http://b"], ["http://a"]]
+    assert report.engines == ["http://a"] and service.weight_version == 4
+
+
+def test_a_failure_with_every_engine_alive_is_raised(service) -> None:
+    service.engines[1].process.is_alive = True
+
+    class Fails(RecordingUpdater):
+        async def update(self, urls, folder, version):
+            raise InferenceError("weight update: load weights on http://a failed: 500")
+
+    service_mod.WeightUpdater = Fails
+    with pytest.raises(InferenceError, match="load weights on http://a failed"):
+        service.update_weights("/tmp/w5", 5)

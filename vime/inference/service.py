@@ -35,6 +35,8 @@ UNHEALTHY_CHECKS = 30
 HEALTH_TIMEOUT_S = 10.0
 # An engine that keeps dying is left out after this many restarts (its log says why).
 MAX_RESTARTS = 5
+# How long a failed weight update waits to see whether an engine died under it.
+DEATH_SETTLE_S = 3.0
 # How long a restarted router waits for its old port to be released.
 ROUTER_PORT_WAIT_S = 30.0
 
@@ -182,6 +184,10 @@ class InferenceService:
             except InferenceError:
                 # An engine that died before the supervisor noticed fails the update; the
                 # live ones are updated again, the dead one gets these weights on its restart.
+                # (Its connection can drop a moment before its process is seen to exit.)
+                deadline = time.monotonic() + DEATH_SETTLE_S
+                while self._live_urls() == urls and time.monotonic() < deadline:
+                    time.sleep(0.1)
                 if self._live_urls() == urls:
                     raise
                 urls = self._live_urls()
