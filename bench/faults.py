@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -480,7 +481,9 @@ def run_fault(name: str, work: Path, mode: str = "sync", seed: int = 0) -> Outco
     faults = {}
     if name in POISON:
         faults = dict.fromkeys(range(TASKS), POISON[name])
-    run = Run(work / f"{name.replace(' ', '_')}-{mode}-{seed}", mode, faults=faults)
+    folder = work / f"{name.replace(' ', '_')}-{mode}-{seed}"
+    shutil.rmtree(folder, ignore_errors=True)  # a rerun starts afresh
+    run = Run(folder, mode, faults=faults)
     if name.startswith("docker sandbox"):
         run.extra_args = ("--env-kwargs", json.dumps({"sandbox": "docker"}))
     try:

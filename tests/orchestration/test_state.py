@@ -127,6 +127,7 @@ def test_no_checkpoint_yet_and_a_corrupt_one_are_told_apart(tmp_path: Path) -> N
 def test_pruning_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     for s in range(1, 5):
         save_checkpoint(tmp_path, RunState(step=s), [], lambda d: d.mkdir())
+    (tmp_path / ".tmp_step_000005_1").mkdir()  # a save of a driver killed earlier
     prune_checkpoints(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000003", "step_000004"]
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())

@@ -210,8 +210,12 @@ def load_checkpoint(path: str | Path) -> tuple[RunState, list[Trajectory]]:
 
 
 def prune_checkpoints(save_dir: str | Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` step folders (never the one ``latest`` names)."""
+    """Delete all but the newest ``keep`` step folders (never the one ``latest`` names), and
+    the partial folders of saves a killed driver left behind."""
     save_dir = Path(save_dir)
+    for partial in save_dir.glob(".tmp_step_*"):
+        if not partial.name.endswith(f"_{os.getpid()}"):  # one driver per output folder
+            shutil.rmtree(partial, ignore_errors=True)
     latest = latest_checkpoint(save_dir)
     steps = sorted(p for p in save_dir.glob("step_*") if p.is_dir())
     for p in steps[:-keep] if keep > 0 else []:
