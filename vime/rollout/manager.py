@@ -79,6 +79,8 @@ class RolloutManager:
         self._per_env: dict[str, asyncio.Semaphore] = {}
         self._carried: list[asyncio.Task] = []
         self._episodes: set[asyncio.Task] = set()
+        # The episode tasks of each running group, to cancel a group's episodes one by one.
+        self._group_episodes: dict[asyncio.Future, list[asyncio.Task]] = {}
         self._abort = asyncio.Event()
         self._group_counter = 0
 
@@ -150,8 +152,11 @@ class RolloutManager:
 
     def _cancel(self, pending: set[asyncio.Task]) -> None:
         for group_task in pending:
-            for task in getattr(group_task, "episodes", ()):
+            for task in self._group_episodes.get(group_task, ()):
                 task.cancel()
+
+    def _forget_group(self, group_task: asyncio.Future) -> None:
+        self._group_episodes.pop(group_task, None)
 
     def _launch_group(self, task: dict | int, sampling: SamplingConfig) -> asyncio.Task:
         group_index = self._group_counter
@@ -164,7 +169,8 @@ class RolloutManager:
         for ep in episodes:
             ep.add_done_callback(self._episodes.discard)
         group_task = asyncio.ensure_future(asyncio.gather(*episodes))
-        group_task.episodes = episodes  # type: ignore[attr-defined]
+        self._group_episodes[group_task] = episodes
+        group_task.add_done_callback(self._forget_group)
         return group_task
 
     def _env_semaphore(self, env_id: str) -> asyncio.Semaphore:
