@@ -174,19 +174,6 @@ class VimeClient:
             attempt += 1
             await asyncio.sleep(self.retry_backoff * 2 ** (attempt - 1))
 
-    @staticmethod
-    def _sampling_fields(sampling: SamplingConfig, seed: int | None) -> dict[str, Any]:
-        fields: dict[str, Any] = {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-        }
-        if seed is not None:
-            fields["seed"] = seed
-        if sampling.stop:
-            fields["stop"] = list(sampling.stop)
-        return fields
-
     # -- chat --------------------------------------------------------------------------
     async def chat(
         self,
@@ -207,7 +194,7 @@ class VimeClient:
             "messages": messages,
             "logprobs": True,
             "return_token_ids": True,
-            **self._sampling_fields(params, seed),
+            **params.request_fields(seed),
             **(extra_body or {}),
         }
         if tools:
@@ -263,7 +250,7 @@ class VimeClient:
         body = {
             "model": self.model,
             "token_ids": list(prompt_ids),
-            "sampling_params": {**self._sampling_fields(params, seed), "logprobs": 0},
+            "sampling_params": {**params.request_fields(seed), "logprobs": 0},
             "output_mode": "text",
         }
         data, headers = await self._post(

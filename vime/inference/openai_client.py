@@ -96,14 +96,8 @@ class OpenAIClient:
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "max_tokens": params.max_tokens,
+            **params.request_fields(seed),
         }
-        if seed is not None:
-            kwargs["seed"] = seed
-        if params.stop:
-            kwargs["stop"] = list(params.stop)
         if tools:
             kwargs["tools"] = tools
         attempt = 0

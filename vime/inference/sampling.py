@@ -53,6 +53,19 @@ class SamplingConfig:
             )
         return cls(**value)
 
+    def request_fields(self, seed: int | None = None) -> dict[str, Any]:
+        """The OpenAI-compatible request fields of these options (and a sampling seed)."""
+        fields: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+        }
+        if seed is not None:
+            fields["seed"] = seed
+        if self.stop:
+            fields["stop"] = list(self.stop)
+        return fields
+
     def replace(self, **changes: Any) -> SamplingConfig:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
