@@ -1,16 +1,19 @@
-"""The trainer interface shared by the torch and Megatron backends, and its typed config.
+"""The trainer interface, the training-step algorithm both backends share, and its config.
 
 Flag names follow Megatron's own (``--lr``, ``--clip-grad``, ``--adam-beta1``...), so one flag
-means the same thing whichever backend runs.
+means the same thing whichever backend runs. :class:`Trainer` owns the step (micro-batches,
+loss normalisers, dummy micro-batches, metrics, errors); a backend supplies the forward pass,
+token logprobs, entropy, gradient reduction and the optimizer step.
 """
 
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from vime.config.schema import option
 from vime.errors import ConfigError
@@ -19,7 +22,10 @@ from vime.training.buckets import DEFAULT_BUCKET_BYTES
 if TYPE_CHECKING:
     import torch
 
-    from vime.training.batch import TrainBatch
+    from vime.algorithms.config import LossConfig
+    from vime.training.batch import TrainBatch, TrainSample
+    from vime.training.metrics import MetricSums
+    from vime.training.packing import MicroBatch, PackedInputs
 
 
 @dataclass
@@ -93,39 +99,248 @@ class Trainer(abc.ABC):
     """A policy being trained: logprobs, optimizer steps, weight export and checkpoints.
 
     Every method is collective when the trainer runs in several processes: each rank calls it
-    with the same global batch and the backend shares the work out. ``weight_version`` starts
-    at 0 for the loaded weights and grows by one with every optimizer step.
+    with the same global batch and the step shares it out over the data-parallel ranks.
+    ``weight_version`` starts at 0 for the loaded weights and grows by one with every
+    optimizer step.
+
+    Gradient contract: each micro-batch's loss carries the step's global normalisers (loss
+    tokens and sequences of the whole batch), and a backend's gradient reduction *sums* over
+    data-parallel ranks, so accumulation and data parallelism give exactly the gradient of
+    one big batch.
     """
 
     config: TrainerConfig
+    loss_config: LossConfig
+    model: Any  # what train()/eval() switch; the backend's wrapped module
+    schedule: Any  # vime.training.optim.LRSchedule of the optimizer (None without one)
+    device: torch.device
+    role: str = "actor"  # only the actor trains; a reference only computes logprobs
     rank: int = 0  # this process's rank in the trainer's process group
     world_size: int = 1
+    dp_rank: int = 0  # rank among the data-parallel replicas (which share of a batch)
+    dp_size: int = 1
+    dp_group: Any = None  # process group of the data-parallel replicas (None: the default)
+
+    def __init__(self, config: TrainerConfig, loss: LossConfig | None = None) -> None:
+        from vime.algorithms.config import LossConfig
+
+        if not config.hf_checkpoint:
+            raise ConfigError(
+                "--hf-checkpoint is not set; the trainer needs the HF model folder (config and "
+                "safetensors weights) it trains"
+            )
+        self.config = config
+        self.loss_config = loss or LossConfig()
+        self._weight_version = 0
+        self._step_logprobs: dict[int, torch.Tensor] = {}  # of the last train_step
+        self._step_size = 0
 
     @property
-    @abc.abstractmethod
     def weight_version(self) -> int:
         """Number of optimizer steps applied to the loaded weights (restored by ``load``)."""
+        return self._weight_version
+
+    # ---- what a backend supplies -----------------------------------------------------------
 
     @abc.abstractmethod
+    def _logits(self, inputs: PackedInputs) -> torch.Tensor:
+        """Float32 logits ``[T, V]`` of a packed row divided by ``config.rollout_temperature``
+        (under tensor parallelism this rank's vocabulary shard)."""
+
+    @abc.abstractmethod
+    def _target_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``log softmax(logits[t])[targets[t]]`` per row, over the whole vocabulary."""
+
+    @abc.abstractmethod
+    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Entropy of ``softmax(logits[t])`` per row, over the whole vocabulary."""
+
+    @abc.abstractmethod
+    def _zero_grad(self) -> None:
+        """Clear the gradients before a step's first backward."""
+
+    @abc.abstractmethod
+    def _reduce_gradients(self) -> None:
+        """Finish the gradients after the last backward: sum over data-parallel ranks and
+        whatever else the parallel layout needs, so every rank holds the full step gradient."""
+
+    @abc.abstractmethod
+    def _optimizer_step(self) -> float:
+        """Clip to ``config.clip_grad`` (0: no clipping), update the weights at the learning
+        rate the schedule set, and return the global gradient norm before clipping."""
+
+    # ---- the step algorithm ----------------------------------------------------------------
+
+    def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
+        """This data-parallel rank's micro-batches; every rank gets the same number."""
+        from vime.training.packing import plan_micro_batches
+
+        lengths = [s.num_tokens for s in batch]
+        plan = plan_micro_batches(lengths, self.config.max_tokens_per_micro_batch, self.dp_size)
+        return plan[self.dp_rank]
+
+    def _sequence_logprobs(self, logits: torch.Tensor, inputs: PackedInputs) -> list[torch.Tensor]:
+        """Per-sequence logprobs of a packed row: entry i is log p(x_i | x_<i), entry 0 is 0."""
+        from vime.training.packing import unpack_shifted
+
+        ids = inputs.input_ids[0].to(logits.device)
+        return unpack_shifted(self._target_logprobs(logits[:-1], ids[1:]), inputs.cu_seqlens)
+
     def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
         """The current policy's logprobs: one float32 CPU tensor per sample, in batch order.
 
         Each has the sample's length; entry ``i`` is log p(token_ids[i] | token_ids[:i]) and
         entry 0 is 0.0. Every rank gets the whole list.
         """
+        import torch
 
-    @abc.abstractmethod
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on the whole batch (micro-batched); returns metrics.
+        from vime.training.packing import pack_inputs
 
-        Metrics include at least ``loss``, ``grad_norm``, ``lr`` and ``tokens_per_s``.
-        """
+        if not batch.samples:
+            return []
+        mine: dict[int, torch.Tensor] = {}
+        self.model.eval()
+        with torch.no_grad():
+            for mb in self._plan(batch):
+                # Dummy micro-batches run too: sharded weights are gathered in lockstep.
+                inputs = pack_inputs(batch.samples, mb)
+                logprobs = self._sequence_logprobs(self._logits(inputs), inputs)
+                if not mb.dummy:
+                    for i, lp in zip(mb.indices, logprobs, strict=True):
+                        mine[i] = lp.float().cpu()
+        return self._gathered(mine, len(batch))
 
     def step_logprobs(self) -> list[torch.Tensor]:
         """Per-token logprobs of the last ``train_step``'s samples under the weights before its
         update (what the loss compared with the rollout's), in batch order; collective like
-        ``compute_logprobs``. Empty when the backend does not keep them."""
-        return []
+        ``compute_logprobs``. Kept from the loss's own forward, no extra pass."""
+        return self._gathered(dict(self._step_logprobs), self._step_size)
+
+    def _gathered(self, mine: dict[int, torch.Tensor], n: int) -> list[torch.Tensor]:
+        """Per-sample tensors in batch order from this rank's share, on every rank."""
+        import torch.distributed as dist
+
+        if self.world_size > 1:
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, mine)
+            for part in gathered:
+                mine.update(part)
+        return [mine[i] for i in range(n)]
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on the whole batch (micro-batched); returns metrics.
+
+        Metrics: ``loss`` (the whole batch's), ``grad_norm`` (before clipping), ``lr``, token
+        and micro-batch counts, ``step_time_s``, ``tokens_per_s``, ``weight_version``, and the
+        ``policy/*`` and ``mismatch/*`` metrics of :func:`~vime.algorithms.policy.policy_loss`
+        as means over the batch's loss tokens.
+        """
+        import torch
+
+        from vime.training.metrics import MetricSums
+
+        if self.role != "actor":
+            raise RuntimeError(
+                f"this {type(self).__name__} has role {self.role!r} and holds no optimizer; "
+                "only the actor trains"
+            )
+        batch.require_loss_tokens()
+        start = time.perf_counter()
+        num_tokens, num_seqs = loss_normalisers(batch)
+        self.model.train()
+        self._zero_grad()
+        sums = MetricSums()
+        plan = self._plan(batch)
+        self._step_logprobs, self._step_size = {}, len(batch)
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for mb in plan:
+            loss = self._micro_batch_loss(batch.samples, mb, num_tokens, num_seqs, sums)
+            loss.backward()
+            loss_total += loss.detach()
+        self._reduce_gradients()
+        lr = self.schedule.apply_next()
+        grad_norm = self._optimizer_step()
+        self.schedule.step()
+        self._weight_version += 1
+        metrics = sums.reduce(self.dp_size > 1, str(self.device), group=self.dp_group)
+        if self.dp_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(loss_total, group=self.dp_group)
+        elapsed = time.perf_counter() - start
+        metrics.update(
+            {
+                "loss": float(loss_total),
+                "grad_norm": float(grad_norm),
+                "lr": lr,
+                "num_tokens": float(batch.num_tokens),
+                "num_loss_tokens": float(num_tokens),
+                "num_micro_batches": float(len(plan)),
+                "step_time_s": elapsed,
+                "tokens_per_s": batch.num_tokens / elapsed,
+                "weight_version": float(self._weight_version),
+            }
+        )
+        return metrics
+
+    def _micro_batch_loss(
+        self,
+        samples: list[TrainSample],
+        mb: MicroBatch,
+        num_tokens: int,
+        num_seqs: int,
+        sums: MetricSums,
+    ) -> torch.Tensor:
+        """The micro-batch's share of the step's loss; its metrics are folded into ``sums``."""
+        import torch
+        from torch.nn.utils.rnn import pad_sequence
+
+        from vime.algorithms.policy import policy_loss
+        from vime.training.packing import pack_inputs, unpack_shifted
+
+        inputs = pack_inputs(samples, mb)
+        logits = self._logits(inputs)
+        per_seq = self._sequence_logprobs(logits, inputs)
+        if mb.dummy:
+            # Runs the same collectives as a real micro-batch and adds no gradient.
+            return torch.cat(per_seq).sum() * 0.0
+        for i, lp in zip(mb.indices, per_seq, strict=True):
+            self._step_logprobs[i] = lp.detach().float().cpu()
+        chosen = [samples[i] for i in mb.indices]
+        entropy = None
+        if self.loss_config.entropy_coef > 0:
+            entropy = pad_sequence(
+                unpack_shifted(self._entropy(logits), inputs.cu_seqlens), batch_first=True
+            )
+        mask = _padded(chosen, "loss_mask", self.device)
+        assert mask is not None  # every sample has a loss mask
+        loss, metrics = policy_loss(
+            pad_sequence(per_seq, batch_first=True),
+            _padded(chosen, "old_logprobs", self.device),
+            _padded(chosen, "advantages", self.device),
+            mask,
+            self.loss_config,
+            rollout_logprobs=_padded(chosen, "rollout_logprobs", self.device),
+            ref_logprobs=_padded(chosen, "ref_logprobs", self.device),
+            entropy=entropy,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+        )
+        if entropy is None:
+            # Token j of a sequence starting at a is predicted by logits row a + j - 1.
+            rows = [
+                a + j - 1
+                for s, a in zip(chosen, inputs.cu_seqlens[:-1], strict=True)
+                for j, m in enumerate(s.loss_mask)
+                if m
+            ]
+            with torch.no_grad():
+                metrics["policy/entropy"] = float(self._entropy(logits[rows]).mean())
+        metrics.pop("policy/loss")  # a share of the step's loss; train_step reports the total
+        sums.add(metrics, weight=metrics["policy/num_tokens"])
+        return loss
+
+    # ---- weights and checkpoints -----------------------------------------------------------
 
     @abc.abstractmethod
     def export_weights(
@@ -157,3 +372,32 @@ class Trainer(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing to free
         """Release processes or memory the backend holds."""
+
+
+def loss_normalisers(batch: TrainBatch) -> tuple[int, int]:
+    """The step's global ``(num_tokens, num_seqs)``: loss tokens, and samples that have one,
+    as :func:`~vime.algorithms.losses.count_loss_units` counts them."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    from vime.algorithms.losses import count_loss_units
+
+    return count_loss_units(
+        pad_sequence([torch.tensor(s.loss_mask) for s in batch], batch_first=True)
+    )
+
+
+def _padded(samples: list[TrainSample], field: str, device: Any) -> torch.Tensor | None:
+    """A ``[B, T]`` float32 tensor of a per-token field, or None when no sample has it."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    values = [getattr(s, field) for s in samples]
+    if all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        raise ValueError(
+            f"some samples have {field} and some do not; give it to all or none of them"
+        )
+    rows = [torch.tensor(v, dtype=torch.float32) for v in values]
+    return pad_sequence(rows, batch_first=True).to(device)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Any
 
 
 def _kind(key: str) -> str:
@@ -39,8 +40,11 @@ class MetricSums:
                 self.weighted[key] += value * weight
                 self.weights[key] += weight
 
-    def reduce(self, distributed: bool = False, device: str = "cpu") -> dict[str, float]:
-        """Final metrics; with ``distributed`` they span every rank (a collective call).
+    def reduce(
+        self, distributed: bool = False, device: str = "cpu", group: Any = None
+    ) -> dict[str, float]:
+        """Final metrics; with ``distributed`` they span the ranks of ``group`` (default: every
+        rank; a collective call).
 
         Ranks may have seen different keys (a rank with only filler micro-batches has none);
         the union is used. ``device`` is where the collective's tensors live (cuda for nccl).
@@ -50,8 +54,8 @@ class MetricSums:
         if distributed:
             import torch.distributed as dist
 
-            seen: list[tuple[set[str], set[str]] | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(seen, (keys_sum, keys_max))
+            seen: list[tuple[set[str], set[str]] | None] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(seen, (keys_sum, keys_max), group=group)
             for ks, km in filter(None, seen):
                 keys_sum |= ks
                 keys_max |= km
@@ -61,7 +65,7 @@ class MetricSums:
         plain = [self.sums.get(k, 0.0) for k in keys_sum]
         maxima = [self.maxima.get(k, -math.inf) for k in keys_max]
         if distributed:
-            sums, weights, plain, maxima = _all_reduce(sums, weights, plain, maxima, device)
+            sums, weights, plain, maxima = _all_reduce(sums, weights, plain, maxima, device, group)
         out: dict[str, float] = {}
         for k, s, w, p in zip(keys_sum, sums, weights, plain, strict=True):
             out[k] = p if _kind(k) == "sum" else (s / w if w > 0 else 0.0)
@@ -70,16 +74,21 @@ class MetricSums:
 
 
 def _all_reduce(
-    sums: list[float], weights: list[float], plain: list[float], maxima: list[float], device: str
+    sums: list[float],
+    weights: list[float],
+    plain: list[float],
+    maxima: list[float],
+    device: str,
+    group: Any,
 ) -> tuple[list[float], list[float], list[float], list[float]]:
     import torch
     import torch.distributed as dist
 
     n = len(sums)
     t = torch.tensor(sums + weights + plain, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     m = torch.tensor(maxima, dtype=torch.float64, device=device)
     if maxima:
-        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
     values = t.tolist()
     return values[:n], values[n : 2 * n], values[2 * n :], m.tolist()

@@ -7,6 +7,7 @@ inside each sequence when no attention mask is given.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -127,3 +128,15 @@ def pack_inputs(samples: Sequence[TrainSample], micro_batch: MicroBatch) -> Pack
     ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long).unsqueeze(0)
     pos = torch.cat([torch.arange(len(s), dtype=torch.long) for s in seqs]).unsqueeze(0)
     return PackedInputs(ids, pos, cu)
+
+
+def unpack_shifted(per_row: torch.Tensor, cu_seqlens: Sequence[int]) -> list[torch.Tensor]:
+    """Per-sequence tensors from values of a packed row's logits rows: row t scores token t + 1.
+
+    The row before each sequence's start (the previous sequence's last token) is dropped and
+    entry 0 of each sequence is 0.0, which nothing predicts.
+    """
+    import torch
+
+    zero = per_row.new_zeros(1)
+    return [torch.cat([zero, per_row[a : b - 1]]) for a, b in itertools.pairwise(cu_seqlens)]

@@ -1,26 +1,21 @@
 """The embedded trainer: a transformers causal LM trained with plain torch (FSDP2 when distributed).
 
-Micro-batches are packed sequences under a token budget; the loss of each is normalised by the
-whole step's token/sequence counts, so gradient accumulation and data parallelism give exactly
-the gradient of one big batch.
+The training step is :class:`~vime.training.base.Trainer`'s; this backend supplies the forward
+pass, token logprobs, entropy and the optimizer. FSDP2 sums gradients over ranks in backward.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vime.training import checkpoint as ckpt
 from vime.training.base import Trainer, TrainerConfig
-from vime.training.batch import TrainBatch, TrainSample
 from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
-from vime.training.metrics import MetricSums
-from vime.training.packing import MicroBatch, PackedInputs, pack_inputs, plan_micro_batches
+from vime.training.packing import PackedInputs
 
 if TYPE_CHECKING:
     import torch
@@ -39,15 +34,11 @@ class TorchTrainer(Trainer):
         import torch
         import torch.distributed as dist
 
-        from vime.algorithms.config import LossConfig
-
-        if not config.hf_checkpoint:
-            raise ValueError("TorchTrainer needs --hf-checkpoint, the HF model folder to train")
-        self.config = config
-        self.loss_config = loss or LossConfig()
+        super().__init__(config, loss)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
+        self.dp_rank, self.dp_size = self.rank, self.world_size  # every rank is a replica
         if torch.cuda.is_available():
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             self.device = torch.device("cuda", local_rank)
@@ -63,9 +54,6 @@ class TorchTrainer(Trainer):
         from vime.training.optim import build_optimizer
 
         self.optimizer, self.schedule = build_optimizer(self.model, config)
-        self._weight_version = 0
-        self._step_logprobs: dict[int, torch.Tensor] = {}  # of the last train_step
-        self._step_size = 0
 
     def _load_model(self) -> torch.nn.Module:
         import torch
@@ -82,19 +70,20 @@ class TorchTrainer(Trainer):
             )
         if self.distributed:
             from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
             mesh = init_device_mesh(self.device.type, (self.world_size,))
             mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
             for layer in model.model.layers:
                 fully_shard(layer, mesh=mesh, mp_policy=mp)
             fully_shard(model, mesh=mesh, mp_policy=mp)
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    # Sum over ranks, as the Trainer's gradient contract says (FSDP averages
+                    # by default); the losses carry the global normalisers.
+                    module.set_gradient_divide_factor(1.0)
+                    module.set_force_sum_reduction_for_comms(True)
         return model
-
-    @property
-    def weight_version(self) -> int:
-        """Optimizer steps applied since the HF weights were loaded."""
-        return self._weight_version
 
     # ---- forward ---------------------------------------------------------------------------
 
@@ -105,7 +94,7 @@ class TorchTrainer(Trainer):
             return contextlib.nullcontext()  # FSDP2's policy casts, or nothing to cast
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def _forward(self, inputs: PackedInputs) -> torch.Tensor:
+    def _logits(self, inputs: PackedInputs) -> torch.Tensor:
         """Float32 logits ``[T, V]`` of a packed row, divided by the rollout temperature."""
         with self._autocast():
             out = self.model(
@@ -120,202 +109,33 @@ class TorchTrainer(Trainer):
             logits = logits / self.config.rollout_temperature
         return logits
 
-    @staticmethod
-    def _token_logprobs(logits: torch.Tensor, inputs: PackedInputs) -> list[torch.Tensor]:
-        """Per-sequence logprobs of the packed row: entry i is log p(x_i | x_<i), entry 0 is 0."""
+    def _target_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
 
-        ids = inputs.input_ids[0].to(logits.device)
-        nxt = logits[:-1].gather(-1, ids[1:, None])[:, 0] - logits[:-1].logsumexp(-1)
-        return TorchTrainer._split_shifted(nxt, inputs)
-
-    @staticmethod
-    def _split_shifted(per_row: torch.Tensor, inputs: PackedInputs) -> list[torch.Tensor]:
-        """Per-sequence tensors from values of logits rows: row t belongs to token t + 1.
-
-        The row before each sequence's start (the previous sequence's last token) is dropped
-        and entry 0 of each sequence is 0.0, which nothing predicts.
-        """
-        import torch
-
-        zero = per_row.new_zeros(1)
-        cu = inputs.cu_seqlens
-        return [torch.cat([zero, per_row[a : b - 1]]) for a, b in itertools.pairwise(cu)]
-
-    def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
-        lengths = [s.num_tokens for s in batch]
-        plan = plan_micro_batches(lengths, self.config.max_tokens_per_micro_batch, self.world_size)
-        return plan[self.rank]
-
-    # ---- logprobs --------------------------------------------------------------------------
-
-    def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
-        """Current-policy logprobs per sample (float32, CPU), identical on every rank."""
-        import torch
-
-        if not batch.samples:
-            return []
-        mine: dict[int, torch.Tensor] = {}
-        self.model.eval()
-        with torch.no_grad():
-            for mb in self._plan(batch):
-                inputs = pack_inputs(batch.samples, mb)
-                logprobs = self._token_logprobs(self._forward(inputs), inputs)
-                if not mb.dummy:
-                    for i, lp in zip(mb.indices, logprobs, strict=True):
-                        mine[i] = lp.float().cpu()
-        return self._gathered(mine, len(batch))
-
-    def _gathered(self, mine: dict[int, torch.Tensor], n: int) -> list[torch.Tensor]:
-        """Per-sample tensors in batch order from this rank's share, on every rank."""
-        import torch.distributed as dist
-
-        if self.distributed:
-            gathered: list[Any] = [None] * self.world_size
-            dist.all_gather_object(gathered, mine)
-            for part in gathered:
-                mine.update(part)
-        return [mine[i] for i in range(n)]
-
-    def step_logprobs(self) -> list[torch.Tensor]:
-        """See :meth:`Trainer.step_logprobs`: kept from the loss's own forward, no extra pass."""
-        return self._gathered(dict(self._step_logprobs), self._step_size)
-
-    # ---- training --------------------------------------------------------------------------
-
-    def _padded(self, samples: list[TrainSample], field: str) -> torch.Tensor | None:
-        """A ``[B, T]`` float tensor of a per-token field, or None when no sample has it."""
-        import torch
-        from torch.nn.utils.rnn import pad_sequence
-
-        values = [getattr(s, field) for s in samples]
-        if all(v is None for v in values):
-            return None
-        if any(v is None for v in values):
-            raise ValueError(
-                f"some samples have {field} and some do not; give it to all or none of them"
-            )
-        rows = [torch.tensor(v, dtype=torch.float32) for v in values]
-        return pad_sequence(rows, batch_first=True).to(self.device)
-
-    def _micro_batch_loss(
-        self,
-        samples: list[TrainSample],
-        mb: MicroBatch,
-        num_tokens: float,
-        num_seqs: float,
-        sums: MetricSums,
-    ) -> torch.Tensor:
-        import torch
-        from torch.nn.utils.rnn import pad_sequence
-
+    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
         from vime.algorithms.kl import entropy_from_logits
-        from vime.algorithms.policy import policy_loss
 
-        inputs = pack_inputs(samples, mb)
-        logits = self._forward(inputs)
-        per_seq = self._token_logprobs(logits, inputs)
-        if mb.dummy:
-            return torch.cat(per_seq).sum() * 0.0  # joins the collectives, adds no gradient
-        for i, lp in zip(mb.indices, per_seq, strict=True):
-            self._step_logprobs[i] = lp.detach().float().cpu()
-        chosen = [samples[i] for i in mb.indices]
-        starts = inputs.cu_seqlens[:-1]
-        mask = pad_sequence(
-            [torch.tensor(s.loss_mask, dtype=torch.float32) for s in chosen], batch_first=True
-        ).to(self.device)
-        entropy = None
-        if self.loss_config.entropy_coef > 0:
-            flat = entropy_from_logits(logits)
-            entropy = pad_sequence(self._split_shifted(flat, inputs), batch_first=True)
-        loss, metrics = policy_loss(
-            pad_sequence(per_seq, batch_first=True),
-            self._padded(chosen, "old_logprobs"),
-            self._padded(chosen, "advantages"),
-            mask,
-            self.loss_config,
-            rollout_logprobs=self._padded(chosen, "rollout_logprobs"),
-            ref_logprobs=self._padded(chosen, "ref_logprobs"),
-            entropy=entropy,
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-        )
-        if entropy is None:
-            # Token j of a sequence starting at a is predicted by logits row a + j - 1.
-            rows = [
-                a + j - 1
-                for s, a in zip(chosen, starts, strict=True)
-                for j, m in enumerate(s.loss_mask)
-                if m
-            ]
-            with torch.no_grad():
-                metrics["policy/entropy"] = float(entropy_from_logits(logits[rows]).mean())
-        metrics.pop("policy/loss")  # a share of the step's loss; train_step reports the total
-        sums.add(metrics, weight=metrics["policy/num_tokens"])
-        return loss
+        return entropy_from_logits(logits)
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One AdamW step over the batch; see :meth:`Trainer.train_step`."""
-        batch.require_loss_tokens()
-        start = time.perf_counter()
-        # The global normalisers of the loss (as vime.algorithms.count_loss_units counts them).
-        num_tokens = batch.num_loss_tokens
-        num_seqs = sum(1 for s in batch if s.num_loss_tokens > 0)
-        # Gradients are averaged over ranks, so each rank scales its share by world_size.
-        scale_tokens = num_tokens / self.world_size
-        scale_seqs = num_seqs / self.world_size
-        self.model.train()
+    # ---- gradients and the optimizer -------------------------------------------------------
+
+    def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        sums = MetricSums()
-        plan = self._plan(batch)
-        self._step_logprobs = {}
-        self._step_size = len(batch)
-        loss_total = 0.0
-        for mb in plan:
-            loss = self._micro_batch_loss(batch.samples, mb, scale_tokens, scale_seqs, sums)
-            loss.backward()
-            loss_total += float(loss.detach())
-        grad_norm = self._clip_grad()
-        lr = self.schedule.apply_next()
-        self.optimizer.step()
-        self.schedule.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self._weight_version += 1
-        metrics = sums.reduce(self.distributed, str(self.device))
-        elapsed = time.perf_counter() - start
-        metrics.update(
-            {
-                "loss": self._sum_across_ranks(loss_total) / self.world_size,
-                "grad_norm": grad_norm,
-                "lr": lr,
-                "num_tokens": float(batch.num_tokens),
-                "num_loss_tokens": float(num_tokens),
-                "num_micro_batches": float(len(plan)),
-                "step_time_s": elapsed,
-                "tokens_per_s": batch.num_tokens / elapsed,
-                "weight_version": float(self._weight_version),
-            }
-        )
-        return metrics
 
-    def _clip_grad(self) -> float:
+    def _reduce_gradients(self) -> None:
+        """Nothing left to do: FSDP2 reduce-scatters (sums) each layer's gradient in backward."""
+
+    def _optimizer_step(self) -> float:
         import torch
 
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.clip_grad if self.config.clip_grad > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+            norm = norm.full_tensor()  # the norm over every rank's shards
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
-
-    def _sum_across_ranks(self, value: float) -> float:
-        import torch
-        import torch.distributed as dist
-
-        if not self.distributed:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return float(t[0])
 
     # ---- weights ---------------------------------------------------------------------------
 

@@ -87,19 +87,36 @@ def signed_batch(token_lists: list[list[int]]) -> Any:
 
 
 def run_megatron(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
-    """One rank of a distributed Megatron run on CPU: logprobs, one train step, the export."""
+    """One rank of a distributed Megatron run on CPU: logprobs, one train step, the export,
+    the logprobs after the step and the plan's micro-batch counts."""
     from vime.training.base import TrainerConfig
     from vime.training.megatron.trainer import MegatronTrainer
 
     batch = signed_batch(token_lists)
+    longest = max(len(ids) for ids in token_lists)
     with cpu_shim():
-        config = TrainerConfig(hf_checkpoint=folder, backend="megatron", seed=7, lr=1e-3)
+        # One sequence per micro-batch: data-parallel ranks then hold unequal numbers of
+        # micro-batches, and the rank with fewer runs dummy ones.
+        config = TrainerConfig(
+            hf_checkpoint=folder,
+            backend="megatron",
+            seed=7,
+            lr=1e-3,
+            max_tokens_per_micro_batch=longest,
+        )
         trainer = MegatronTrainer(config, megatron_args=args)
         logprobs = [t.tolist() for t in trainer.compute_logprobs(batch)]
         exported = {n: t.clone() for b in trainer.export_weights() for n, t in b}
         metrics = trainer.train_step(batch)
         after = [t.tolist() for t in trainer.compute_logprobs(batch)]
-    return {"logprobs": logprobs, "exported": exported, "metrics": metrics, "after": after}
+        plan = [mb.dummy for mb in trainer._plan(batch)]
+    return {
+        "logprobs": logprobs,
+        "exported": exported,
+        "metrics": metrics,
+        "after": after,
+        "dummies": plan,
+    }
 
 
 def _full_on_every_rank(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

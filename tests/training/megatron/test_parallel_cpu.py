@@ -39,6 +39,9 @@ def test_two_processes_match_one(tiny_models, single, args):
         assert r["metrics"]["loss"] == pytest.approx(single["metrics"]["loss"], rel=1e-6)
         assert _close(r["after"], single["after"])
         assert r["metrics"]["grad_norm"] == pytest.approx(single["metrics"]["grad_norm"], rel=1e-5)
+    if not args:
+        # Sequences of 11 | 7, 5 tokens, one per micro-batch: rank 0 fills with a dummy.
+        assert [r["dummies"] for r in ranks] == [[False, True], [False, False]]
     # Rank 0 receives the full HF tensors; the other rank none.
     assert ranks[1]["exported"] == {}
     assert sorted(ranks[0]["exported"]) == sorted(single["exported"])

@@ -1,16 +1,14 @@
 """The Megatron-core trainer backend: TP/DP, Megatron's (distributed) optimizer, bf16, recompute.
 
 One class serves every role: the actor trains; a ``reference`` (or frozen old policy) holds the
-same model without an optimizer and only computes logprobs. Micro-batches are the packed
-sequences of :mod:`vime.training.packing`; the loss of each carries the step's global token or
-sequence count and Megatron sums gradients over data-parallel ranks, so gradient accumulation
-and data parallelism give exactly the gradient of one big batch.
+same model without an optimizer and only computes logprobs. The training step is
+:class:`~vime.training.base.Trainer`'s; this backend supplies the (vocab-parallel) forward pass,
+token logprobs and entropy, and Megatron's gradient finalisation and optimizer.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,13 +20,11 @@ import torch.nn.functional as F
 from vime.errors import ConfigError
 from vime.training import checkpoint as ckpt
 from vime.training.base import Trainer, TrainerConfig
-from vime.training.batch import TrainBatch, TrainSample
 from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from vime.training.megatron.arch import GPTArch, arch_from_hf_config
 from vime.training.megatron.config import MegatronConfig, Role, parse_megatron_args
 from vime.training.megatron.convert import hf_to_megatron, shard, to_hf, tp_split_dim, unshard
-from vime.training.metrics import MetricSums
-from vime.training.packing import MicroBatch, PackedInputs, pack_inputs, plan_micro_batches
+from vime.training.packing import PackedInputs
 
 if TYPE_CHECKING:
     from vime.algorithms.config import LossConfig
@@ -45,12 +41,6 @@ def load_hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     for f in files:
         state.update(load_file(f))
     return state
-
-
-def _split_shifted(per_row: torch.Tensor, cu_seqlens: list[int]) -> list[torch.Tensor]:
-    """Per-sequence values from values of logits rows (row t scores token t + 1); entry 0 is 0."""
-    zero = per_row.new_zeros(1)
-    return [torch.cat([zero, per_row[a : b - 1]]) for a, b in itertools.pairwise(cu_seqlens)]
 
 
 def _param_state(optimizer: Any) -> dict[Any, Any]:
@@ -89,16 +79,12 @@ class MegatronTrainer(Trainer):
     ) -> None:
         from transformers import AutoConfig
 
-        from vime.algorithms.config import LossConfig
         from vime.training.megatron.model import build_gpt_model
         from vime.training.megatron.parallel import init_parallel
 
-        if not config.hf_checkpoint:
-            raise ConfigError("MegatronTrainer needs --hf-checkpoint, the HF model folder to train")
+        super().__init__(config, loss)
         if role not in ("actor", "reference"):
             raise ConfigError(f"role {role!r} is unknown; use 'actor' or 'reference'")
-        self.config = config
-        self.loss_config = loss or LossConfig()
         self.role = role
         mcfg = megatron or parse_megatron_args(megatron_args)
         wants_bf16 = config.dtype == "bfloat16" or (
@@ -143,7 +129,6 @@ class MegatronTrainer(Trainer):
             self._build_optimizer()
         else:
             self.model.requires_grad_(False)
-        self._weight_version = 0
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -199,14 +184,9 @@ class MegatronTrainer(Trainer):
                     group.update(fused=True, foreach=False)
         self.schedule = LRSchedule(self.optimizer, c)
 
-    @property
-    def weight_version(self) -> int:
-        """Optimizer steps applied since the HF weights were loaded."""
-        return self._weight_version
-
     # ---- forward ---------------------------------------------------------------------------
 
-    def _forward(self, inputs: PackedInputs) -> torch.Tensor:
+    def _logits(self, inputs: PackedInputs) -> torch.Tensor:
         """Float32 logits ``[T, V / tp]`` of a packed row, divided by the rollout temperature."""
         from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -234,17 +214,13 @@ class MegatronTrainer(Trainer):
             logits = logits / self.config.rollout_temperature
         return logits
 
-    def _token_logprobs(self, logits: torch.Tensor, inputs: PackedInputs) -> list[torch.Tensor]:
-        """Per-sequence logprobs: entry i is log p(x_i | x_<i), entry 0 is 0.0."""
-        ids = inputs.input_ids[0].to(self.device)
+    def _target_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.mcfg.tensor_model_parallel_size == 1:
-            nxt = -F.cross_entropy(logits[:-1], ids[1:], reduction="none")
-        else:
-            from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+            return -F.cross_entropy(logits, targets, reduction="none")
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-            # It subtracts the row maximum in place: give it its own copy.
-            nxt = -vocab_parallel_cross_entropy(logits[:-1].clone(), ids[1:])
-        return _split_shifted(nxt, inputs.cu_seqlens)
+        # It subtracts the row maximum in place: give it its own copy.
+        return -vocab_parallel_cross_entropy(logits.clone(), targets)
 
     def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
         """Per-row entropy; over the vocabulary shards (no gradient) when TP > 1."""
@@ -261,151 +237,24 @@ class MegatronTrainer(Trainer):
             dist.all_reduce(stats, group=self.tp_group)
             return stats[0].log() - stats[1] / stats[0]
 
-    def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
-        lengths = [s.num_tokens for s in batch]
-        plan = plan_micro_batches(lengths, self.config.max_tokens_per_micro_batch, self.dp_size)
-        return plan[self.dp_rank]
+    # ---- gradients and the optimizer -------------------------------------------------------
 
-    # ---- logprobs --------------------------------------------------------------------------
-
-    def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
-        """Current-policy logprobs per sample (float32, CPU), identical on every rank."""
-        if not batch.samples:
-            return []
-        mine: dict[int, torch.Tensor] = {}
-        self.model.eval()
-        with torch.no_grad():
-            for mb in self._plan(batch):
-                if mb.dummy:
-                    continue  # no collective spans data-parallel ranks in a forward pass
-                inputs = pack_inputs(batch.samples, mb)
-                logprobs = self._token_logprobs(self._forward(inputs), inputs)
-                for i, lp in zip(mb.indices, logprobs, strict=True):
-                    mine[i] = lp.float().cpu()
-        if dist.get_world_size() > 1:
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, mine)
-            for part in gathered:
-                mine.update(part)
-        return [mine[i] for i in range(len(batch))]
-
-    # ---- training --------------------------------------------------------------------------
-
-    def _padded(self, samples: list[TrainSample], field: str) -> torch.Tensor | None:
-        from torch.nn.utils.rnn import pad_sequence
-
-        values = [getattr(s, field) for s in samples]
-        if all(v is None for v in values):
-            return None
-        if any(v is None for v in values):
-            raise ValueError(
-                f"some samples have {field} and some do not; give it to all or none of them"
-            )
-        rows = [torch.tensor(v, dtype=torch.float32) for v in values]
-        return pad_sequence(rows, batch_first=True).to(self.device)
-
-    def _micro_batch_loss(
-        self, samples: list[TrainSample], mb: MicroBatch, num_tokens: float, num_seqs: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        from torch.nn.utils.rnn import pad_sequence
-
-        from vime.algorithms.policy import policy_loss
-
-        inputs = pack_inputs(samples, mb)
-        logits = self._forward(inputs)
-        per_seq = self._token_logprobs(logits, inputs)
-        if mb.dummy:
-            return torch.cat(per_seq).sum() * 0.0, {}
-        chosen = [samples[i] for i in mb.indices]
-        mask = self._padded(chosen, "loss_mask")
-        assert mask is not None  # every sample has a loss mask
-        entropy = None
-        if self.loss_config.entropy_coef > 0:
-            entropy = pad_sequence(
-                _split_shifted(self._entropy(logits), inputs.cu_seqlens), batch_first=True
-            )
-        loss, metrics = policy_loss(
-            pad_sequence(per_seq, batch_first=True),
-            self._padded(chosen, "old_logprobs"),
-            self._padded(chosen, "advantages"),
-            mask,
-            self.loss_config,
-            rollout_logprobs=self._padded(chosen, "rollout_logprobs"),
-            ref_logprobs=self._padded(chosen, "ref_logprobs"),
-            entropy=entropy,
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-        )
-        if entropy is None:
-            # Token j of a sequence starting at a is predicted by logits row a + j - 1.
-            rows = [
-                a + j - 1
-                for s, a in zip(chosen, inputs.cu_seqlens[:-1], strict=True)
-                for j, m in enumerate(s.loss_mask)
-                if m
-            ]
-            metrics["policy/entropy"] = float(self._entropy(logits[rows].detach()).mean())
-        metrics.pop("policy/loss")  # a share of the step's loss; train_step reports the total
-        return loss, metrics
-
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step over the batch; see :meth:`Trainer.train_step`."""
-        from megatron.core.distributed import finalize_model_grads
-
-        from vime.algorithms.losses import count_loss_units
-
-        if self.optimizer is None:
-            raise RuntimeError(
-                f"this MegatronTrainer has role {self.role!r} and holds no optimizer; only the "
-                "actor trains"
-            )
-        batch.require_loss_tokens()
-        start = time.perf_counter()
-        num_tokens, num_seqs = 0, 0
-        for s in batch:
-            t, q = count_loss_units(torch.tensor(s.loss_mask)[None])
-            num_tokens, num_seqs = num_tokens + t, num_seqs + q
-        self.model.train()
+    def _zero_grad(self) -> None:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        sums = MetricSums()
-        plan = self._plan(batch)
-        loss_total = 0.0
-        for mb in plan:
-            # Gradients are summed over data-parallel ranks, so the global counts normalise.
-            loss, metrics = self._micro_batch_loss(batch.samples, mb, num_tokens, num_seqs)
-            loss.backward()
-            loss_total += float(loss.detach())
-            if metrics and self.tp_rank == 0:
-                sums.add(metrics, weight=metrics["policy/num_tokens"])
+
+    def _reduce_gradients(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+
         # Megatron's own finalisation: the data-parallel reduction, and the sum over TP ranks
         # of replicated weights that see only their rank's heads (Qwen3's q/k norms).
         finalize_model_grads([self.model])
-        lr = self.schedule.apply_next()
-        ok, grad_norm, _ = self.optimizer.step()
+
+    def _optimizer_step(self) -> float:
+        ok, grad_norm, _ = self.optimizer.step()  # clips to --clip-grad itself
         if not ok:
             raise RuntimeError("the Megatron optimizer skipped the step (non-finite gradients)")
-        self.schedule.step()
-        self._weight_version += 1
-        metrics = sums.reduce(dist.get_world_size() > 1, str(self.device))
-        total = torch.tensor([loss_total], dtype=torch.float64, device=self.device)
-        if self.dp_size > 1:
-            dist.all_reduce(total, group=self.dp_group)
-        elapsed = time.perf_counter() - start
-        metrics.update(
-            {
-                "loss": float(total[0]),
-                "grad_norm": float(grad_norm),
-                "lr": lr,
-                "num_tokens": float(batch.num_tokens),
-                "num_loss_tokens": float(num_tokens),
-                "num_micro_batches": float(len(plan)),
-                "step_time_s": elapsed,
-                "tokens_per_s": batch.num_tokens / elapsed,
-                "weight_version": float(self._weight_version),
-            }
-        )
-        return metrics
+        return float(grad_norm)
 
     # ---- weights ---------------------------------------------------------------------------
 
