@@ -9,7 +9,7 @@ Protocol: the first stdin line is a nonce, the rest a JSON spec ``{"select": [..
 "test_timeout": seconds}``. A selector is ``path.py``, ``path.py::Name`` or
 ``path.py::Class::method`` (``name[i]`` for the i-th parameter set); one that starts with
 ``-`` deselects what it names. Each result is one JSON line ``[nonce, test_id, outcome,
-detail, seconds]`` on a duplicate of the original stdout (outcome: pass, fail, skip, or
+detail, cpu_seconds]`` on a duplicate of the original stdout (outcome: pass, fail, skip, or
 ``collect_error`` for a file that could not be imported), so text the code under test prints
 is never taken for a result. This file is sent as ``python3 -c``.
 """
@@ -307,7 +307,9 @@ def main():
         for test_id, run in tests:
             if not _selected(test_id, names) or any(_matches(test_id, x) for x in excluded):
                 continue
-            start = time.perf_counter()
+            start = (
+                time.process_time()
+            )  # CPU time: unlike wall time, the machine's load leaves it be
             signal.alarm(limit)
             try:
                 with warnings.catch_warnings():
@@ -325,7 +327,7 @@ def main():
                 outcome, detail = "pass", ""
             finally:
                 signal.alarm(0)
-            report(test_id, outcome, detail, time.perf_counter() - start)
+            report(test_id, outcome, detail, time.process_time() - start)
 
 
 if __name__ == "__main__":

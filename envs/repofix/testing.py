@@ -23,7 +23,7 @@ class TestRun:
     """Per-test outcomes of one run: ``results`` maps a test id to ``(outcome, detail)``;
     ``collect_errors`` maps a test file that could not be imported to its traceback;
     ``missing`` lists selected test ids that never reported (a crash or the time limit);
-    ``seconds`` maps a test id to its duration."""
+    ``seconds`` maps a test id to the CPU seconds it took."""
 
     __test__ = False  # not a pytest class
 
