@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(900)]
 
 
 def check_zeros(o) -> None:
