@@ -91,9 +91,13 @@ async def kill_marked(marker: str, *, wait: float = 2.0) -> list[int]:
     Returns the pids still alive at the end (empty when the cleanup succeeded).
     """
     deadline = time.monotonic() + wait
+    quiet_scans = 0
     while True:
         pids = find_marked(marker)
-        if not pids or time.monotonic() >= deadline:
+        # A process caught mid-exec shows an empty environment for a moment: one empty scan is
+        # not proof, two in a row (with a pause) are.
+        quiet_scans = 0 if pids else quiet_scans + 1
+        if quiet_scans >= 2 or time.monotonic() >= deadline:
             return pids
         for pid in pids:
             try:
