@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+
 from vime.agents.config import AgentConfig
 from vime.agents.session import ContextLimitReached, LLMSession
 from vime.agents.template import ChatTemplateRenderer
 from vime.agents.tool_agent import describe_error
-
 from vime.inference.sampling import Sample, Sampler, SamplingConfig
 from vime.types import Message, Status, Trajectory
 

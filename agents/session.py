@@ -14,7 +14,6 @@ from typing import Any
 from vime.agents.config import AgentConfig
 from vime.agents.template import ChatTemplateRenderer
 from vime.agents.trajectory import TrajectoryBuilder
-
 from vime.errors import VimeError
 from vime.inference.sampling import Sample, Sampler, SamplingConfig
 from vime.types import Message

@@ -14,7 +14,6 @@ from typing import Any
 from vime.agents.config import AgentConfig
 from vime.agents.session import ContextLimitReached, LLMSession
 from vime.agents.template import ChatTemplateRenderer
-
 from vime.inference.errors import ContextTooLong
 from vime.inference.sampling import Sampler, SamplingConfig
 from vime.types import Message, Status, Trajectory

@@ -12,11 +12,10 @@ from __future__ import annotations
 import random
 import time
 
+import vime
 from vime.envs.base import run_in_env_thread
 from vime.envs.grading import GraderTimeout, run_graded
 from vime.sandboxes import create
-
-import vime
 
 GRADER_LIMIT_S = 1.0
 # Per episode, so that most steps have some faulty episodes and almost none has only those

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vime.agents import AgentConfig, ChatTemplateRenderer
-
 import vime
+from vime.agents import AgentConfig, ChatTemplateRenderer
 from vime.inference.client import VimeClient
 from vime.inference.sampling import SamplingConfig
 from vime.rollout import RolloutConfig, RolloutManager

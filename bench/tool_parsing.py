@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from vime.envs.tools import execute_tool_calls, tool
-
 from vime.tool_parsers import get_parser
 from vime.types import ToolCall
 

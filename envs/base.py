@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import gymnasium
+
 from vime.envs.grading import GraderCrashed, GraderTimeout
 from vime.envs.spaces import AssistantMessage, ChatMessages, message_problem
 from vime.envs.tools import Tool, ToolOutcome, execute_tool_calls
-
 from vime.errors import EnvError
 from vime.types import Message
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import gymnasium
 import jsonschema
+
 from vime.envs.base import Env
 from vime.envs.spaces import message_problem
 from vime.envs.wrappers import areset, astep
-
 from vime.types import Message
 
 EnvFactory = Callable[[], gymnasium.Env]

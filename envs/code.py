@@ -8,11 +8,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from vime.data import TaskFileError, draw_tasks, load_tasks, validate_task
 from vime.envs.base import Env
 from vime.envs.code_grader import TestReport, extract_code, plan_for, run_tests, solution_source
 from vime.envs.episode_sandbox import EpisodeSandbox
-
-from vime.data import TaskFileError, draw_tasks, load_tasks, validate_task
 from vime.errors import EnvError
 from vime.types import Message
 

@@ -8,13 +8,12 @@ import doctest
 import re
 from typing import Any
 
+from vime.data import TaskFileError
 from vime.envs.base import StepResult, ToolEnv
 from vime.envs.code import CodeEnv
 from vime.envs.code_grader import TestPlan, extract_code, run_tests, solution_source
 from vime.envs.math_tool import TOOL_TIMEOUT_MARGIN, MathToolEnv
 from vime.envs.tools import tool
-
-from vime.data import TaskFileError
 from vime.errors import EnvError
 from vime.types import Message
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vime.envs.base import Env
-
 from vime.data import validate_task
+from vime.envs.base import Env
 from vime.errors import EnvError
 from vime.types import Message
 

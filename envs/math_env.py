@@ -6,12 +6,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from vime.data import load_tasks, validate_task
 from vime.envs.arithmetic import DIFFICULTIES, arithmetic_task
 from vime.envs.base import Env
 from vime.envs.grading import GraderCrashed, GraderTimeout, grader_pool, run_graded
 from vime.envs.math_grader import MathGrade, grade
-
-from vime.data import load_tasks, validate_task
 from vime.errors import EnvError
 from vime.types import Message
 

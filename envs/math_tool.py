@@ -10,9 +10,8 @@ from vime.envs.base import StepResult, ToolEnv
 from vime.envs.episode_sandbox import EpisodeSandbox
 from vime.envs.math_env import MathEnv
 from vime.envs.tools import tool
-from vime.sandboxes import ExecResult
-
 from vime.errors import EnvError
+from vime.sandboxes import ExecResult
 from vime.types import Message
 
 SYSTEM_PROMPT = (

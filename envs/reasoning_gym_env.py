@@ -8,10 +8,9 @@ import json
 import logging
 from typing import Any
 
+from vime.data import validate_task
 from vime.envs.base import Env
 from vime.envs.grading import GraderCrashed, GraderTimeout, run_graded
-
-from vime.data import validate_task
 from vime.errors import EnvError
 from vime.types import Message
 

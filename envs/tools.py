@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
+
 from vime.envs.tool_schema import describe_parameters, underlying
 from vime.envs.tool_threads import tool_threads
-
 from vime.errors import VimeError
 from vime.types import Message, ToolCall
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
-from vime.envs.base import StepResult, run_in_env_thread
 
+from vime.envs.base import StepResult, run_in_env_thread
 from vime.types import Message
 
 

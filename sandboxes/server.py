@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aiohttp import web
+
 from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
 from vime.sandboxes.connections import ConnectionGuard, connection_budget, raise_fd_limit
 from vime.sandboxes.registry import create

@@ -7,10 +7,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
-from vime.sandboxes.base import SandboxLimits
-
 from vime.config.schema import option
 from vime.errors import ConfigError
+from vime.sandboxes.base import SandboxLimits
 
 TOKEN_ENV = "VIME_SANDBOX_TOKEN"
 URL_ENV = "VIME_SANDBOX_URL"

@@ -23,7 +23,6 @@ from typing import Any
 from vime.envs.repofix.mutate import KINDS, Mutation, mutations, unique_edit
 from vime.envs.repofix.tasks import apply_edits, write_task_set
 from vime.envs.repofix.testing import TestRun, run_tests
-
 from vime.errors import VimeError
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vime.data import draw_tasks
 from vime.envs.base import StepResult, ToolEnv
 from vime.envs.episode_sandbox import EpisodeSandbox
 from vime.envs.math_tool import clip, format_result
@@ -21,8 +22,6 @@ from vime.envs.repofix.tasks import (
 )
 from vime.envs.repofix.testing import TestRun, run_tests
 from vime.envs.tools import tool
-
-from vime.data import draw_tasks
 from vime.errors import EnvError
 from vime.types import Message
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from stub_engine import ByteTokenizer, StubServer, counting_tool_policy
-from vime.agents import AgentConfig, ChatTemplateRenderer, TrajectoryBuilder, run, training_samples
 
+from vime.agents import AgentConfig, ChatTemplateRenderer, TrajectoryBuilder, run, training_samples
 from vime.types import Status
 
 SAMPLING = {"max_tokens": 200}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import openai
 import pytest
-from vime.agents import AgentConfig, run, run_openai_agent
 
+from vime.agents import AgentConfig, run, run_openai_agent
 from vime.types import Status
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 200}

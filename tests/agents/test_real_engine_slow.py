@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import stub_engine
-from vime.agents import AgentConfig, ChatTemplateRenderer, run
 
 import vime
+from vime.agents import AgentConfig, ChatTemplateRenderer, run
 from vime.types import Status
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

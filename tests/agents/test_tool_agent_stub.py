@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from stub_engine import stub_logprob
-from vime.agents import AgentConfig, run
 
+from vime.agents import AgentConfig, run
 from vime.types import Status
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 200}

@@ -8,9 +8,9 @@ import json
 import time
 
 import pytest
-from vime.envs.tools import tool
 
 import vime
+from vime.envs.tools import tool
 
 
 class CalcEnv(vime.ToolEnv):

@@ -8,6 +8,9 @@ import re
 import time
 
 import pytest
+
+import vime
+from vime.data import TaskFileError
 from vime.envs.checker import check
 from vime.envs.code import humaneval_tasks
 from vime.envs.code_grader import (
@@ -17,9 +20,6 @@ from vime.envs.code_grader import (
     run_tests,
     solution_source,
 )
-
-import vime
-from vime.data import TaskFileError
 
 HUMANEVAL = {task["id"]: task for task in humaneval_tasks()}
 # tasks where an answer returning None fails every test

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from vime.envs.code import humaneval_tasks
-from vime.envs.code_tool import CodeToolEnv, visible_examples
 
 import vime
+from vime.envs.code import humaneval_tasks
+from vime.envs.code_tool import CodeToolEnv, visible_examples
 
 HUMANEVAL = {task["id"]: dict(task) for task in humaneval_tasks()}
 ADD_TASK = {

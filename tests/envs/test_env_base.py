@@ -9,9 +9,9 @@ import time
 
 import pytest
 from gymnasium.utils.env_checker import check_env
-from vime.envs.base import env_threads, set_env_threads
 
 import vime
+from vime.envs.base import env_threads, set_env_threads
 from vime.errors import EnvError
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from vime.envs.checker import CHECKS, check
 
 import vime
+from vime.envs.checker import CHECKS, check
 
 
 def results(report):

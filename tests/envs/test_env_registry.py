@@ -10,9 +10,9 @@ from pathlib import Path
 
 import gymnasium
 import pytest
-from vime.envs import registry
 
 import vime
+from vime.envs import registry
 from vime.errors import EnvError
 
 PLUGIN_MODULE = '''

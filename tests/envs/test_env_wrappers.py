@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gymnasium
 import pytest
-from vime.envs.wrappers import MaxTurns, Wrapper
 
 import vime
+from vime.envs.wrappers import MaxTurns, Wrapper
 
 
 def test_max_turns_truncates_without_terminating():

@@ -8,9 +8,9 @@ import os
 import secrets
 
 import pytest
-from vime.envs.code import humaneval_tasks
 
 import vime
+from vime.envs.code import humaneval_tasks
 
 TASK = {"id": "p", "question": "What is 2 to the power 64?", "answer": "18446744073709551616"}
 PYTHON_CALL = '<tool_call>{"name": "python", "arguments": {"code": %s}}</tool_call>'
@@ -32,6 +32,7 @@ def docker_options():
 async def remote_options():
     """Env kwargs for the remote backend, served by a sandbox server on loopback."""
     from aiohttp import web
+
     from vime.sandboxes.server import SandboxServer
     from vime.sandboxes.server_config import ServerConfig
 

@@ -13,9 +13,9 @@ import textwrap
 import time
 
 import pytest
-from vime.envs.grading import GraderPool, GraderTimeout, grader_pool, heavy, run_graded
 
 import vime
+from vime.envs.grading import GraderPool, GraderTimeout, grader_pool, heavy, run_graded
 
 # 9^(9^9) has about 370 million digits: math-verify would compute it for minutes, holding the GIL.
 HUGE = "\\boxed{9^{9^{9}}}"

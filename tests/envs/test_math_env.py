@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from vime.envs.arithmetic import arithmetic_task
 
 import vime
 from vime.data import TaskFileError
+from vime.envs.arithmetic import arithmetic_task
 from vime.errors import EnvError
 
 HALF = {"id": "half", "question": "What is 1 divided by 2?", "answer": "\\frac{1}{2}"}

@@ -6,10 +6,10 @@ import asyncio
 import time
 
 import pytest
-from vime.envs.checker import check
-from vime.envs.math_tool import clip
 
 import vime
+from vime.envs.checker import check
+from vime.envs.math_tool import clip
 
 TASK = {
     "id": "big",

@@ -6,10 +6,10 @@ import asyncio
 import json
 
 import pytest
-from vime.envs.repofix.env import RepoFixEnv
-from vime.envs.repofix.tasks import TaskFileError, validate_repofix_task
 
 import vime
+from vime.envs.repofix.env import RepoFixEnv
+from vime.envs.repofix.tasks import TaskFileError, validate_repofix_task
 
 SOURCE = '''"""Tiny statistics."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 import vime.sandboxes
 from vime.envs.repofix.build import split_of
 from vime.envs.repofix.mutate import mutations, unique_edit

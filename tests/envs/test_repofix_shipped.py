@@ -8,6 +8,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from vime.envs.repofix.env import RepoFixEnv
 from vime.envs.repofix.mutate import KINDS
 from vime.envs.repofix.tasks import SHIPPED, load_task_set

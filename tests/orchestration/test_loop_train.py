@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vime.agents.trajectory import TrajectoryBuilder
 
+from vime.agents.trajectory import TrajectoryBuilder
 from vime.cli.main import parse_args
 from vime.cli.train_cmd import build_setup
 from vime.orchestration.loop import RLLoop

@@ -4,7 +4,6 @@ TrainSetup themselves and must get the same defaults as `vime train`."""
 from __future__ import annotations
 
 from vime.agents.config import AgentConfig
-
 from vime.algorithms.config import AdvantageConfig, LossConfig
 from vime.inference.config import ServeConfig
 from vime.inference.sampling import SamplingConfig

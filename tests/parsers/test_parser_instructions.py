@@ -5,8 +5,8 @@ import enum
 import json
 
 import pytest
-from vime.envs.tools import tool
 
+from vime.envs.tools import tool
 from vime.tool_parsers import get_parser
 
 

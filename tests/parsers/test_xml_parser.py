@@ -1,7 +1,6 @@
 """Qwen3-Coder style ``<function=...><parameter=...>`` parsing."""
 
 from vime.envs.tools import tool
-
 from vime.tool_parsers import get_parser
 
 parser = get_parser("xml")

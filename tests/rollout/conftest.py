@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 from stub_engine import ByteTokenizer, StubServer, counting_tool_policy
-from vime.agents import AgentConfig, ChatTemplateRenderer
 
 import vime
+from vime.agents import AgentConfig, ChatTemplateRenderer
 from vime.inference.client import VimeClient
 from vime.rollout import RolloutConfig, RolloutManager
 

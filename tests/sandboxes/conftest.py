@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from vime.sandboxes import Sandbox, create
 
 TOKEN = "test-token-" + "x" * 24
@@ -110,6 +111,7 @@ class RunningServer:
 async def start_server(**config: Any) -> RunningServer:
     """Start a sandbox server (local backend, port 0) with ``config`` overrides."""
     from aiohttp import web
+
     from vime.sandboxes.server import SandboxServer
     from vime.sandboxes.server_config import ServerConfig
 

@@ -11,6 +11,7 @@ import tempfile
 import time
 
 import pytest
+
 from vime.sandboxes import SandboxError
 
 # Syscall numbers of the attacks (x86_64 and aarch64 uapi headers).

@@ -14,6 +14,7 @@ import textwrap
 import time
 
 import pytest
+
 from vime.sandboxes import SandboxError, create
 from vime.sandboxes import docker as docker_backend
 

@@ -8,6 +8,7 @@ import statistics
 import time
 
 import pytest
+
 from vime.sandboxes import create
 from vime.sandboxes import docker as docker_backend
 

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+
 from vime.sandboxes import SandboxError, create
 from vime.sandboxes import docker as docker_backend
 from vime.sandboxes.docker import DockerSandbox

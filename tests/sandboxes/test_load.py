@@ -9,6 +9,7 @@ import shutil
 import tempfile
 
 import pytest
+
 from vime.sandboxes.pool import SandboxPool
 
 EPISODES = 125

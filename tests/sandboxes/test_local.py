@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from vime.sandboxes import SandboxError, create
 from vime.sandboxes import local as local_module
 from vime.sandboxes.local import LocalSandbox, reap_orphans

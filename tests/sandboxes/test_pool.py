@@ -6,6 +6,7 @@ import asyncio
 import shutil
 
 import pytest
+
 from vime.sandboxes import ExecResult, Sandbox, SandboxError
 from vime.sandboxes.pool import SandboxPool
 

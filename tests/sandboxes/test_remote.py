@@ -15,6 +15,7 @@ import time
 
 import aiohttp
 import pytest
+
 from vime.sandboxes import SandboxError, create
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")

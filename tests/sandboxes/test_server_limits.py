@@ -13,10 +13,10 @@ import time
 
 import aiohttp
 import pytest
-from vime.sandboxes import SandboxError, create
-from vime.sandboxes.server_config import ServerConfig
 
 from vime.errors import ConfigError
+from vime.sandboxes import SandboxError, create
+from vime.sandboxes.server_config import ServerConfig
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
 

@@ -6,10 +6,10 @@ import threading
 import time
 
 import pytest
+
 from vime.envs import tool_threads
 from vime.envs import tools as tools_module
 from vime.envs.tools import ToolOutcome, execute_tool_calls, format_result, tool
-
 from vime.types import ToolCall
 
 

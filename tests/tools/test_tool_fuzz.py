@@ -6,8 +6,8 @@ import enum
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vime.envs.tools import ERROR_KINDS, ToolArgumentError, execute_tool_calls, tool
 
+from vime.envs.tools import ERROR_KINDS, ToolArgumentError, execute_tool_calls, tool
 from vime.types import ToolCall
 
 

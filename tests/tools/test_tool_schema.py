@@ -7,6 +7,7 @@ from typing import Annotated, Literal, NotRequired, Optional, TypedDict
 import jsonschema
 import pydantic
 import pytest
+
 from vime.envs.tools import Tool, tool
 
 

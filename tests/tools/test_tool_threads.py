@@ -5,10 +5,10 @@ import threading
 import time
 
 import pytest
+
 from vime.envs import tool_threads
 from vime.envs.tool_threads import DaemonPool
 from vime.envs.tools import execute_tool_calls, tool
-
 from vime.types import ToolCall
 
 

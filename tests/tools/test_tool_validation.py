@@ -5,6 +5,7 @@ import enum
 from typing import Literal
 
 import pytest
+
 from vime.envs.tools import ToolArgumentError, tool
 
 
