@@ -80,3 +80,31 @@ def test_rollout_command_explains_a_wrong_base_url(tmp_path, capsys):
     code = main([*MATH, "--base-url", "http://127.0.0.1:9/v1", "--output", str(tmp_path / "x")])
     assert code == 2
     assert "cannot list the models at --base-url http://127.0.0.1:9/v1" in capsys.readouterr().err
+
+
+def test_rollout_command_without_model_needs_base_url(tmp_path, capsys):
+    out = tmp_path / "x.jsonl"
+    code = main(["rollout", "--env", "vime/Math-v0", "--output", str(out)])
+    assert code == 2
+    assert "vime rollout needs --model" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_rollout_command_with_base_url_and_no_model_explains_token_mode(stub_url, tmp_path, capsys):
+    out = tmp_path / "x.jsonl"
+    code = main(["rollout", "--env", "vime/Math-v0", "--base-url", stub_url, "--output", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--base-url {stub_url} without --model" in err
+    assert "give --model" in err and "--agent-mode chat" in err
+    assert not out.exists()
+
+
+def test_rollout_command_with_base_url_plays_chat_mode_without_model(stub_url, tmp_path, capsys):
+    out = tmp_path / "rollout.jsonl"
+    argv = ["rollout", "--env", "vime/Math-v0", "--base-url", stub_url, "--agent-mode", "chat"]
+    code = main([*argv, "--num-tasks", "1", "--n", "2", "--output", str(out)])
+    assert code == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["status"] for line in lines] == ["completed", "completed"]
+    assert "2 episodes (2 completed" in capsys.readouterr().err

@@ -39,10 +39,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="use this running OpenAI-compatible vLLM endpoint (…/v1) instead of starting engines",
     )
     io.add_argument("--served-model-name", help="model name at --base-url (default: its first)")
+    io.add_argument(
+        "--model",
+        help="HF model folder (or name): the engines Vime starts serve it; with --base-url, the "
+        "tokenizer of --agent-mode tokens comes from it (required unless --base-url with "
+        "--agent-mode chat)",
+    )
     add_options(parser, SamplingConfig, "sampling")
     add_options(parser, RolloutConfig, "rollout")
     add_options(parser, AgentConfig, "agent")
-    add_options(parser, ServeConfig, "engines (when Vime serves the model)")
+    add_options(
+        parser, ServeConfig, "engines (when Vime serves the model)", exclude=frozenset({"model"})
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     rollout = build(RolloutConfig, args)
     agent = build(AgentConfig, args)
     sampling = build(SamplingConfig, args)
+    _check_model(args, agent.mode)
     tasks = _tasks(args)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +91,25 @@ def run(args: argparse.Namespace) -> int:
             _play(
                 args, rollout, agent, sampling, tasks, service.base_url, service.model_name, output
             )
+        )
+
+
+def _check_model(args: argparse.Namespace, mode: str) -> None:
+    """--model is needed to start engines, and for the tokenizer of token-in mode."""
+    from vime.errors import ConfigError
+
+    if args.model:
+        return
+    if not args.base_url:
+        raise ConfigError(
+            "vime rollout needs --model (the HF model folder the engines serve), or --base-url "
+            "of running engines"
+        )
+    if mode == "tokens":
+        raise ConfigError(
+            f"--base-url {args.base_url} without --model: --agent-mode tokens renders the chat "
+            "template here and needs the model's tokenizer; give --model (the folder the "
+            "engines at --base-url serve) or use --agent-mode chat"
         )
 
 
