@@ -15,14 +15,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # spawn() starts, which inherit sys.path but not pytest's importlib-mode module names.
 sys.path.insert(0, str(Path(__file__).parent))
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 def tiny_hf_config(family: str, **overrides: object) -> object:
-    """A tiny transformers config: GQA (4 query heads, 2 key/value heads), 2 layers."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    """A tiny transformers config: GQA (4 query heads, 2 key/value heads), 2 layers; the MoE
+    one has 4 experts of width 32, 2 per token."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    cls = {**classes, "qwen3_moe": Qwen3MoeConfig}[family]
     kwargs: dict[str, object] = {
         "vocab_size": 96,
         "hidden_size": 64,
@@ -31,11 +33,15 @@ def tiny_hf_config(family: str, **overrides: object) -> object:
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "max_position_embeddings": 256,
-        # Llama unties its embeddings, the Qwen models tie them: both paths are covered.
-        "tie_word_embeddings": family != "llama",
+        # Llama and Qwen3-MoE untie their embeddings, the dense Qwen models tie them.
+        "tie_word_embeddings": family not in ("llama", "qwen3_moe"),
     }
-    if family == "qwen3":
+    if family in ("qwen3", "qwen3_moe"):
         kwargs["head_dim"] = 16
+    if family == "qwen3_moe":
+        kwargs.update(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+        )
     kwargs.update(overrides)
     return cls(**kwargs)
 

@@ -9,6 +9,7 @@ from vime.errors import ConfigError
 from vime.training.megatron.arch import arch_from_hf_config
 from vime.training.megatron.convert import (
     ConversionError,
+    expert_to_global,
     hf_to_megatron,
     megatron_to_hf,
     shard,
@@ -17,19 +18,39 @@ from vime.training.megatron.convert import (
     unshard_state_dicts,
 )
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
-def _hf_state(make_hf_config, family: str) -> tuple[object, dict[str, torch.Tensor]]:
+def _hf_state(make_hf_config, family: str, **overrides) -> tuple[object, dict[str, torch.Tensor]]:
+    """A random model's weights as its saved checkpoint names them (experts one by one)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = make_hf_config(family)
+    config = make_hf_config(family, **overrides)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # saved checkpoints hold the tied weight once
-    return config, state
+    return config, _unfuse_experts(state)
+
+
+def _unfuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' fused in-memory expert tensors -> the per-expert names it saves."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix("gate_up_proj")
+            for e, w in enumerate(t):
+                gate, up = w.chunk(2)
+                out[f"{prefix}{e}.gate_proj.weight"] = gate
+                out[f"{prefix}{e}.up_proj.weight"] = up
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name.removesuffix("down_proj")
+            for e, w in enumerate(t):
+                out[f"{prefix}{e}.down_proj.weight"] = w
+        else:
+            out[name] = t
+    return out
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -47,8 +68,9 @@ def test_family_features_reach_the_megatron_names(make_hf_config, family):
     config, hf = _hf_state(make_hf_config, family)
     mg = hf_to_megatron(hf, arch_from_hf_config(config))
     assert ("decoder.layers.0.self_attention.linear_qkv.bias" in mg) == (family == "qwen2")
-    assert ("decoder.layers.0.self_attention.q_layernorm.weight" in mg) == (family == "qwen3")
-    assert ("output_layer.weight" in mg) == (family == "llama")  # only llama is untied here
+    qk_norm = family in ("qwen3", "qwen3_moe")
+    assert ("decoder.layers.0.self_attention.q_layernorm.weight" in mg) == qk_norm
+    assert ("output_layer.weight" in mg) == (family in ("llama", "qwen3_moe"))  # untied here
 
 
 def test_fused_qkv_groups_query_heads_with_their_key_value_head(make_hf_config):
@@ -77,7 +99,95 @@ def test_fused_fc1_is_gate_then_up(make_hf_config):
     assert torch.equal(fc1[80:], hf["model.layers.1.mlp.up_proj.weight"])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def test_saved_qwen3_moe_checkpoint_names_each_expert(make_hf_config, tmp_path):
+    """The per-expert names the converter reads and writes are the ones save_pretrained writes."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    config, hf = _hf_state(make_hf_config, "qwen3_moe")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert sorted(saved) == sorted(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(saved[name], tensor), name
+
+
+def test_qwen3_moe_experts_and_router_reach_megatron(make_hf_config):
+    config, hf = _hf_state(make_hf_config, "qwen3_moe")
+    mg = hf_to_megatron(hf, arch_from_hf_config(config))
+    layer, hf_layer = "decoder.layers.1.mlp.", "model.layers.1.mlp."
+    assert torch.equal(mg[layer + "router.weight"], hf[hf_layer + "gate.weight"])
+    for e in range(4):
+        fc1 = mg[f"{layer}experts.local_experts.{e}.linear_fc1.weight"]
+        assert fc1.shape == (64, 64)  # [gate; up], 32 rows each
+        assert torch.equal(fc1[:32], hf[f"{hf_layer}experts.{e}.gate_proj.weight"])
+        assert torch.equal(fc1[32:], hf[f"{hf_layer}experts.{e}.up_proj.weight"])
+        fc2 = mg[f"{layer}experts.local_experts.{e}.linear_fc2.weight"]
+        assert torch.equal(fc2, hf[f"{hf_layer}experts.{e}.down_proj.weight"])
+    assert not any(n.endswith("mlp.linear_fc1.weight") for n in mg)  # no dense MLP
+    assert not any(n.endswith("mlp.linear_fc2.weight") for n in mg)
+
+
+def test_fused_in_memory_experts_convert_like_saved_ones(make_hf_config):
+    from transformers import AutoModelForCausalLM
+
+    config, hf = _hf_state(make_hf_config, "qwen3_moe")
+    torch.manual_seed(0)
+    fused = AutoModelForCausalLM.from_config(config, dtype=torch.float32).state_dict()
+    assert fused["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 64, 64)
+    assert fused["model.layers.0.mlp.experts.down_proj"].shape == (4, 64, 32)
+    arch = arch_from_hf_config(config)
+    from_fused, from_saved = hf_to_megatron(fused, arch), hf_to_megatron(hf, arch)
+    assert list(from_fused) == list(from_saved)
+    for name, tensor in from_saved.items():
+        assert torch.equal(from_fused[name], tensor), name
+
+
+def test_missing_expert_weight_is_named(make_hf_config):
+    config, hf = _hf_state(make_hf_config, "qwen3_moe")
+    del hf["model.layers.0.mlp.experts.3.up_proj.weight"]
+    with pytest.raises(ConversionError, match=r"model\.layers\.0\.mlp\.experts\.3\.up_proj"):
+        hf_to_megatron(hf, arch_from_hf_config(config))
+
+
+def test_expert_parallel_rank_maps_local_experts_to_global_ones():
+    name = "decoder.layers.1.mlp.experts.local_experts.{}.linear_fc1.weight"
+    # 8 experts over 2 ranks: rank 1's local expert 3 is global expert 7.
+    assert expert_to_global(name.format(3), 1, 4) == name.format(7)
+    assert expert_to_global(name.format(0), 0, 4) == name.format(0)
+    router = "decoder.layers.1.mlp.router.weight"
+    assert expert_to_global(router, 1, 4) == router
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"mlp_only_layers": [1]}, r"mlp_only_layers=\[1\]"),
+        ({"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+    ],
+)
+def test_qwen3_moe_with_dense_layers_is_refused(make_hf_config, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        arch_from_hf_config(make_hf_config("qwen3_moe", **overrides))
+
+
+def test_qwen3_moe_routing_fields_are_read(make_hf_config):
+    arch = arch_from_hf_config(make_hf_config("qwen3_moe", norm_topk_prob=False))
+    assert (arch.num_experts, arch.moe_topk, arch.moe_ffn_hidden_size) == (4, 2, 32)
+    assert arch.is_moe and arch.qk_norm and not arch.moe_norm_topk_prob
+    assert not arch_from_hf_config(make_hf_config("qwen3")).is_moe
+
+
+def test_expert_parallel_size_must_divide_experts(make_hf_config):
+    arch_from_hf_config(make_hf_config("qwen3_moe")).check_expert_parallel(2)
+    with pytest.raises(ConfigError, match=r"--expert-model-parallel-size 3 .* 4 experts"):
+        arch_from_hf_config(make_hf_config("qwen3_moe")).check_expert_parallel(3)
+    with pytest.raises(ConfigError, match="needs a mixture-of-experts model"):
+        arch_from_hf_config(make_hf_config("qwen3")).check_expert_parallel(2)
+
+
+@pytest.mark.parametrize("family", FAMILIES[:3])  # TP is refused for MoE models
 def test_tp2_shard_then_unshard_gives_back_every_weight(make_hf_config, family):
     config, hf = _hf_state(make_hf_config, family)
     full = hf_to_megatron(hf, arch_from_hf_config(config))

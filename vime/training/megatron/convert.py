@@ -5,12 +5,19 @@ Megatron's fused ``linear_qkv`` rows are grouped per key/value head: for each gr
 ``[gate; up]`` (SwiGLU). Under tensor parallelism every rank holds whole groups of ``linear_qkv``
 and ``[gate_r; up_r]`` of ``linear_fc1``; column-parallel weights (and the vocab-parallel
 embedding and output layer) split along rows, row-parallel ones along columns.
+
+Mixture-of-experts layers (Qwen3-MoE) hold ``mlp.router.weight`` (HF ``mlp.gate.weight``) and
+one SwiGLU MLP per expert, ``mlp.experts.local_experts.{e}.linear_fc1/linear_fc2`` (HF
+``mlp.experts.{e}.gate_proj/up_proj/down_proj``, as checkpoints store them; transformers'
+in-memory fused ``gate_up_proj``/``down_proj`` are read too). In a full state dict ``e`` is the
+global expert index; under expert parallelism a rank's ``local_experts.{i}`` is global expert
+``ep_rank * experts_per_rank + i`` (:func:`expert_to_global`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from vime.training.megatron.arch import GPTArch
@@ -20,6 +27,8 @@ if TYPE_CHECKING:
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_EXPERT = re.compile(r"(.*mlp\.experts\.local_experts\.)(\d+)(\.linear_fc[12]\.weight)")
+_DENSE_MLP = ("mlp.linear_fc2.weight",)
 
 # Megatron suffix -> HF suffix, for the weights that map one to one.
 _SIMPLE = {
@@ -69,6 +78,39 @@ def _qkv_split(qkv: torch.Tensor, arch: GPTArch) -> tuple[torch.Tensor, torch.Te
     )
 
 
+def _experts_to_megatron(
+    take: Callable[[str], torch.Tensor],
+    hf: Mapping[str, torch.Tensor],
+    hf_p: str,
+    mg_p: str,
+    arch: GPTArch,
+) -> dict[str, torch.Tensor]:
+    """One MoE layer's router and experts, from per-expert or fused HF tensors."""
+    import torch
+
+    out = {mg_p + "mlp.router.weight": take(hf_p + "mlp.gate.weight")}
+    experts = mg_p + "mlp.experts.local_experts."
+    fused = hf_p + "mlp.experts.gate_up_proj"
+    if fused in hf:
+        # transformers' in-memory layout: [E, 2I, H] (gate rows, then up rows) and [E, H, I].
+        gate_up, down = take(fused), take(hf_p + "mlp.experts.down_proj")
+        if gate_up.shape[0] != arch.num_experts or down.shape[0] != arch.num_experts:
+            raise ConversionError(
+                f"{fused} holds {gate_up.shape[0]} experts, the config {arch.num_experts}"
+            )
+        for e in range(arch.num_experts):
+            out[f"{experts}{e}.linear_fc1.weight"] = gate_up[e]
+            out[f"{experts}{e}.linear_fc2.weight"] = down[e]
+        return out
+    for e in range(arch.num_experts):
+        hf_e = f"{hf_p}mlp.experts.{e}."
+        out[f"{experts}{e}.linear_fc1.weight"] = torch.cat(
+            [take(hf_e + "gate_proj.weight"), take(hf_e + "up_proj.weight")]
+        )
+        out[f"{experts}{e}.linear_fc2.weight"] = take(hf_e + "down_proj.weight")
+    return out
+
+
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], arch: GPTArch) -> dict[str, torch.Tensor]:
     """Full (unsharded) Megatron state dict from an HF one; raises ``ConversionError``.
 
@@ -98,6 +140,8 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], arch: GPTArch) -> dict[str, t
         for mg, hf_name in _SIMPLE.items():
             if "layernorm.weight" in mg and "self_attention" in mg and not arch.qk_norm:
                 continue
+            if mg in _DENSE_MLP and arch.is_moe:
+                continue
             out[mg_p + mg] = take(hf_p + hf_name)
         att = hf_p + "self_attn."
         out[mg_p + "self_attention.linear_qkv.weight"] = _qkv_fuse(
@@ -113,9 +157,12 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], arch: GPTArch) -> dict[str, t
                 take(att + "v_proj.bias"),
                 arch,
             )
-        out[mg_p + "mlp.linear_fc1.weight"] = torch.cat(
-            [take(hf_p + "mlp.gate_proj.weight"), take(hf_p + "mlp.up_proj.weight")]
-        )
+        if arch.is_moe:
+            out.update(_experts_to_megatron(take, hf, hf_p, mg_p, arch))
+        else:
+            out[mg_p + "mlp.linear_fc1.weight"] = torch.cat(
+                [take(hf_p + "mlp.gate_proj.weight"), take(hf_p + "mlp.up_proj.weight")]
+            )
     extra = sorted(set(hf) - used)
     if extra:
         raise ConversionError(
@@ -144,6 +191,14 @@ def to_hf(name: str, tensor: torch.Tensor, arch: GPTArch) -> list[tuple[str, tor
     if suffix == "mlp.linear_fc1.weight":
         gate, up = tensor.chunk(2, dim=0)
         return [(prefix + "mlp.gate_proj.weight", gate), (prefix + "mlp.up_proj.weight", up)]
+    if suffix == "mlp.router.weight":
+        return [(prefix + "mlp.gate.weight", tensor)]
+    if (e := _EXPERT.fullmatch(suffix)) is not None:
+        hf_e = f"{prefix}mlp.experts.{e.group(2)}."
+        if e.group(3) == ".linear_fc2.weight":
+            return [(hf_e + "down_proj.weight", tensor)]
+        gate, up = tensor.chunk(2, dim=0)
+        return [(hf_e + "gate_proj.weight", gate), (hf_e + "up_proj.weight", up)]
     raise ConversionError(f"{name!r} has no HF counterpart")
 
 
@@ -153,6 +208,20 @@ def megatron_to_hf(
     """HF (name, tensor) pairs of a full Megatron state dict, in its order."""
     for name, tensor in megatron.items():
         yield from to_hf(name, tensor, arch)
+
+
+def expert_to_global(name: str, ep_rank: int, experts_per_rank: int) -> str:
+    """The full-state-dict name of a rank's parameter: ``local_experts.{i}`` becomes the global
+    expert index under expert parallelism; any other name is returned as is."""
+    m = _EXPERT.fullmatch(name)
+    if m is None:
+        return name
+    return f"{m.group(1)}{ep_rank * experts_per_rank + int(m.group(2))}{m.group(3)}"
+
+
+def is_expert(name: str) -> bool:
+    """Whether a Megatron parameter belongs to one expert (split over expert-parallel ranks)."""
+    return _EXPERT.fullmatch(name) is not None
 
 
 def tp_split_dim(name: str) -> int | None:
