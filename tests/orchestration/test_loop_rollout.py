@@ -40,6 +40,14 @@ def _loop(tiny_model: Path, url: str, tmp_path: Path, *flags: str) -> RLLoop:
     return RLLoop(setup, cluster, logger=None, tasks=TASKS, eval_tasks=[])
 
 
+def _even_tasks_slow(prompt: str) -> float:
+    """Answer the informative (even) tasks a second late, so the always-wrong groups finish
+    before the batch fills and nothing is cancelled (without it the count of finished
+    episodes depends on scheduling)."""
+    i = int(re.findall(r"What is (\d+) \+ 1\?", prompt)[-1])
+    return 1.0 if i % 2 == 0 else 0.0
+
+
 @pytest.fixture
 async def stub(tiny_model: Path):
     from transformers import AutoTokenizer
@@ -49,11 +57,20 @@ async def stub(tiny_model: Path):
         yield server
 
 
+@pytest.fixture
+async def stub_slow_on_even(tiny_model: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    async with StubServer(tokenizer, _policy(), delay=_even_tasks_slow) as server:
+        yield server
+
+
 async def test_over_sampling_gives_the_group_filter_tasks_to_choose_from(
-    tiny_model, stub, tmp_path
+    tiny_model, stub_slow_on_even, tmp_path
 ):
     flags = ["--over-sampling", "2.0", "--group-filter", "nonzero_reward_variance"]
-    loop = _loop(tiny_model, stub.url, tmp_path, *flags)
+    loop = _loop(tiny_model, stub_slow_on_even.url, tmp_path, *flags)
     before = loop.stream.position
     groups, metrics, start = await loop.rollout()
     await loop.close()
@@ -64,6 +81,7 @@ async def test_over_sampling_gives_the_group_filter_tasks_to_choose_from(
     assert metrics["rollout/groups_kept"] == 2.0
     # 8 episodes finished, 2 of them right: the kept groups alone would say 0.5.
     assert metrics["rollout/episodes"] == 8.0
+    assert metrics["rollout/status_completed"] == 8.0
     assert metrics["rollout/reward_mean"] == pytest.approx(0.25)
 
 
