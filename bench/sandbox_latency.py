@@ -1,6 +1,7 @@
-"""Sandbox latency: p50/p99 of ``python3 -c 'print(1)'`` and executions/s at concurrency 1, 8
+"""Sandbox latency: p50/p99 of ``run_code("print(1)")`` and executions/s at concurrency 1, 8
 and 32 for each available backend (local, docker, remote over loopback) beside a bare
-subprocess, in one run. Prints a table and writes JSON with ``--out FILE``.
+subprocess doing the same work (write ``main.py``, run ``python3 main.py``), in one run. Prints
+a table and writes JSON with ``--out FILE``.
 
     .venv/bin/python bench/sandbox_latency.py --runs 200 --out sandbox_latency.json
 """
@@ -17,6 +18,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,7 +26,7 @@ from typing import Any
 from vime.sandboxes import Sandbox, create
 from vime.sandboxes.bwrap import PATH
 
-COMMAND = ["python3", "-c", "print(1)"]
+CODE = "print(1)\n"
 TARGET_LOCAL_VS_BARE = 1.6  # local p50 must stay within this factor of a bare subprocess
 
 
@@ -38,18 +40,25 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Bare:
-    """The reference: the same interpreter started directly, with pipes, no isolation."""
+    """The reference: the code written to a file and the same interpreter started directly,
+    with pipes, no isolation."""
 
     def __init__(self) -> None:
-        self.argv = [shutil.which("python3", path=PATH) or "python3", *COMMAND[1:]]
+        self.dir = tempfile.mkdtemp(prefix="vime-bench-")
+        self.argv = [shutil.which("python3", path=PATH) or "python3", "main.py"]
 
-    async def run(self, command: list[str]) -> tuple[bool, float]:
+    async def run(self) -> tuple[bool, float]:
         started = time.perf_counter()
+        with open(os.path.join(self.dir, "main.py"), "w") as f:
+            f.write(CODE)
         proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            *self.argv, cwd=self.dir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         out, _ = await proc.communicate()
         return out == b"1\n" and proc.returncode == 0, time.perf_counter() - started
+
+    async def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Boxed:
@@ -58,10 +67,13 @@ class Boxed:
     def __init__(self, box: Sandbox) -> None:
         self.box = box
 
-    async def run(self, command: list[str]) -> tuple[bool, float]:
+    async def run(self) -> tuple[bool, float]:
         started = time.perf_counter()
-        result = await self.box.run(command)
+        result = await self.box.run_code(CODE)
         return result.stdout == "1\n" and result.ok, time.perf_counter() - started
+
+    async def close(self) -> None:
+        await self.box.close()
 
 
 async def measure(workers: list[Any], runs: int) -> tuple[list[float], int, float]:
@@ -76,7 +88,7 @@ async def measure(workers: list[Any], runs: int) -> tuple[list[float], int, floa
     async def worker(w: Any) -> None:
         nonlocal failures
         for _ in queue:
-            ok, seconds = await w.run(COMMAND)
+            ok, seconds = await w.run()
             latencies.append(seconds)
             failures += not ok
 
@@ -135,8 +147,7 @@ async def bench_level(
     finally:
         for group in workers.values():
             for w in group:
-                if isinstance(w, Boxed):
-                    await w.box.close()
+                await w.close()
     rows = []
     for name, latencies in samples.items():
         row = {
@@ -216,7 +227,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     local_c1 = next((r for r in rows if r["backend"] == "local" and r["concurrency"] == 1), None)
     ratio = local_c1["p50_ms"] / bare_p50[1] if local_c1 and 1 in bare_p50 else None
     return {
-        "command": " ".join(COMMAND),
+        "code": CODE,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

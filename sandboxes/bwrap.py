@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import os
 import shutil
+import stat
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from vime.sandboxes.base import SandboxError, SandboxLimits
 
@@ -45,18 +49,77 @@ def find_tool(name: str) -> str:
     return path
 
 
+def _etc_paths() -> list[str]:
+    return _ETC + sorted(glob.glob("/etc/python3*"))
+
+
 @functools.cache
-def _root_layout() -> tuple[str, ...]:
-    """Read-only binds of /usr and the top-level program dirs, mirroring the host's layout."""
+def _root_layout(etc: str | None) -> tuple[str, ...]:
+    """Read-only binds of /usr and the top-level program dirs, mirroring the host's layout,
+    and of /etc: the snapshot dir ``etc`` in one bind, or else each file of ``_ETC``."""
     args = ["--ro-bind", "/usr", "/usr"]
     for path in _ROOT_DIRS:
         if os.path.islink(path):  # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    for path in _ETC + sorted(glob.glob("/etc/python3*")):
+    if etc is not None:
+        return (*args, "--ro-bind", etc, "/etc")
+    for path in _etc_paths():
         args += ["--ro-bind-try", path, path]
     return tuple(args)
+
+
+def _world_readable(path: str) -> bool:
+    info = os.lstat(path)
+    return stat.S_ISLNK(info.st_mode) or bool(info.st_mode & stat.S_IROTH)
+
+
+@functools.cache
+def etc_snapshot(root: Path) -> str:
+    """A directory under ``root`` holding a copy of the world-readable ``_ETC`` files, bound
+    at /etc in one mount: a dozen bind mounts per call cost about 3 ms, a third of bwrap's
+    set-up. Named by a hash of what it holds, made once per process (a change of those /etc
+    files shows in processes started after it), shared by processes, never written after."""
+    sources = [p for p in _etc_paths() if os.path.lexists(p) and _world_readable(p)]
+    digest = hashlib.sha256()
+    for path in sources:
+        for dirpath, dirnames, filenames in (
+            os.walk(path) if os.path.isdir(path) else [("", [], [path])]
+        ):
+            dirnames.sort()
+            for name in sorted(
+                filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+            ):
+                full = os.path.join(dirpath, name)
+                digest.update(full.encode() + b"\0")
+                if os.path.islink(full):
+                    digest.update(b"L" + os.readlink(full).encode())
+                elif _world_readable(full):
+                    digest.update(b"F" + Path(full).read_bytes())
+    final = root / f"etc-{digest.hexdigest()[:20]}"
+    if final.is_dir():
+        return str(final)
+    building = Path(tempfile.mkdtemp(prefix="etc-building-", dir=root))
+    try:
+        building.chmod(0o755)
+        for path in sources:
+            target = building / os.path.relpath(path, "/etc")
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.copytree(path, target, symlinks=True, ignore=_unreadable)
+            else:
+                shutil.copy2(path, target, follow_symlinks=False)
+        os.rename(building, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)  # gone already when renamed
+    return str(final)
+
+
+def _unreadable(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if not _world_readable(os.path.join(directory, n))]
 
 
 def base_env(home: str) -> dict[str, str]:
@@ -91,6 +154,7 @@ def bwrap_prefix(
     uid: int,
     ro_binds: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    etc: str | None = None,
 ) -> list[str]:
     """The bwrap arguments of one sandbox, up to (not including) its per-call environment.
 
@@ -112,7 +176,7 @@ def bwrap_prefix(
         "sandbox",
         "--die-with-parent",
         "--new-session",
-        *_root_layout(),
+        *_root_layout(etc),
     ]
     for path in ro_binds:
         args += ["--ro-bind", path, path]

@@ -173,6 +173,7 @@ class LocalSandbox(Sandbox):
                     uid=self._uid,
                     ro_binds=self._ro_binds,
                     env=self._env,
+                    etc=await asyncio.to_thread(bwrap.etc_snapshot, path.parent),
                 ),
             ]
             await self._probe()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vime.sandboxes import SandboxError, create
+from vime.sandboxes import SandboxError, bwrap, create
 from vime.sandboxes import local as local_module
 from vime.sandboxes.local import LocalSandbox, reap_orphans
 from vime.sandboxes.process import kill_orphans
@@ -273,3 +273,12 @@ async def test_network_true_shares_the_host_network():
     finally:
         listener.close()
     assert result.stdout == "ok\n", result
+
+
+async def test_etc_shows_only_the_listed_host_files_with_their_content(box):
+    listing = (await box.run("ls -A /etc")).stdout.split()
+    expected = {os.path.basename(p) for p in bwrap._etc_paths() if os.path.lexists(p)}
+    assert set(listing) == expected and "shadow" not in listing
+    with open("/etc/passwd") as f:
+        assert (await box.run("cat /etc/passwd")).stdout == f.read()
+    assert (await box.run("touch /etc/x")).exit_code != 0
