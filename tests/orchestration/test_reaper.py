@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from vime.orchestration.reaper import pid_alive, session_processes, spawn_reaper
 
@@ -58,3 +59,41 @@ def test_a_watched_process_runs_its_cleanup_and_exits_when_the_owner_dies(tmp_pa
     finally:
         owner.kill()
         watched.kill()
+
+
+def test_a_retitled_child_and_a_holder_of_session_files_are_reaped(tmp_path) -> None:
+    """Ray's agents retitle themselves (``ray::DashboardAgent``): neither their command line
+    nor their environment names the session; they are the raylet's children and hold the
+    session's log files open."""
+    session = f"session_test_{uuid.uuid4().hex}"
+    logs = tmp_path / session / "logs"
+    logs.mkdir(parents=True)
+    # A "raylet" whose child renames itself: the child's command line has no session name.
+    spawn = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", spawn, session])
+    # Reparented already (its raylet gone): it only holds a session log file open.
+    holder_code = f"import time; f = open({str(logs / 'agent.log')!r}, 'w'); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", holder_code])
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        deadline = time.monotonic() + 20
+        while len(session_processes(session)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = session_processes(session)
+        assert parent.pid in found and holder.pid in found and len(found) == 3, found
+        child = next(p for p in found if p not in (parent.pid, holder.pid))
+        assert session.encode() not in Path(f"/proc/{child}/cmdline").read_bytes()
+        reaper = spawn_reaper(owner.pid, session)
+        owner.kill()
+        owner.wait()
+        assert wait_dead(parent.pid) and wait_dead(holder.pid) and wait_dead(child)
+        reaper.wait(timeout=20)
+        assert session_processes(session) == []
+    finally:
+        for p in (parent, holder, owner):
+            p.kill()
+            p.wait()

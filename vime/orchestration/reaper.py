@@ -52,8 +52,37 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _holds_session_file(pid: int, needle: str) -> bool:
+    """Whether ``pid`` has a file open under the session's folder (its logs, its socket)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if needle in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def session_processes(session_name: str) -> list[int]:
-    """Pids of the processes of a Ray session: by command line, then by their raylet."""
+    """Pids of the processes of a Ray session: by command line, by their raylet, by the
+    session files they hold open, and every descendant of those.
+
+    Ray's agents retitle themselves (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``), so
+    their command line no longer names the session, and their environment has no raylet
+    pid; they are found as the raylet's children, or by the session's log files they keep
+    open once the raylet is gone.
+    """
     me = os.getpid()
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
     core = [p for p in pids if session_name.encode() in _read(f"/proc/{p}/cmdline")]
@@ -61,20 +90,36 @@ def session_processes(session_name: str) -> list[int]:
     members = set(core)
     for p in pids:
         env = _read(f"/proc/{p}/environ")
-        if any(b"RAY_RAYLET_PID=" + r + b"\0" in env for r in raylets):
+        by_raylet = any(b"RAY_RAYLET_PID=" + r + b"\0" in env for r in raylets)
+        if by_raylet or _holds_session_file(p, session_name):
             members.add(p)
+    children: dict[int, list[int]] = {}
+    for p in pids:
+        children.setdefault(_ppid(p), []).append(p)
+    todo = list(members)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in members and child != me:
+                members.add(child)
+                todo.append(child)
     return sorted(members)
 
 
-def reap_when_dead(owner_pid: int, session_name: str) -> None:
-    """Block until ``owner_pid`` dies, then SIGKILL the session's processes."""
+def reap_when_dead(owner_pid: int, session_name: str, rounds: int = 5) -> None:
+    """Block until ``owner_pid`` dies, then SIGKILL the session's processes; scan again
+    (a process can be caught mid-spawn) until a scan finds none or ``rounds`` are done."""
     while pid_alive(owner_pid):
         time.sleep(POLL_S)
-    for pid in session_processes(session_name):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for _ in range(rounds):
+        pids = [p for p in session_processes(session_name) if pid_alive(p)]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(POLL_S)
 
 
 def spawn_reaper(owner_pid: int, session_name: str) -> subprocess.Popen:
