@@ -78,3 +78,9 @@ def test_a_grader_past_its_limit_scores_zero_and_is_counted(faults, tmp_path):
     o = faults.run_fault("grader times out", tmp_path)
     check_zeros(o)
     assert o.extra["grader_timeouts"] > 0, o
+
+
+def test_the_run_survives_the_remote_sandbox_server_down_for_30s(faults, tmp_path):
+    o = faults.run_fault("remote sandbox server down 30s", tmp_path)
+    print(o)
+    check_zeros(o)
