@@ -60,6 +60,12 @@ class TrainerConfig:
         1.0, help="sampling temperature of the rollouts; logits are divided by it"
     )
     seed: int = option(1234, help="seed of the trainer's random number generators")
+    lora_rank: int = option(0, help="LoRA rank (torch backend); 0 trains all weights")
+    lora_alpha: float = option(16.0, help="LoRA alpha; the update is scaled by alpha / rank")
+    lora_target_modules: str = option(
+        "q_proj,k_proj,v_proj,o_proj",
+        help="comma-separated nn.Linear attribute names that get LoRA adapters",
+    )
 
     def __post_init__(self) -> None:
         checks = [
@@ -71,6 +77,7 @@ class TrainerConfig:
             (0 <= self.adam_beta2 < 1, "--adam-beta2", self.adam_beta2, "must be in [0, 1)"),
             (self.adam_eps > 0, "--adam-eps", self.adam_eps, "must be > 0"),
             (self.clip_grad >= 0, "--clip-grad", self.clip_grad, "must be >= 0 (0 disables)"),
+            (self.lora_rank >= 0, "--lora-rank", self.lora_rank, "must be >= 0 (0 disables)"),
             (
                 self.max_tokens_per_micro_batch > 0,
                 "--max-tokens-per-micro-batch",

@@ -64,6 +64,11 @@ class TorchTrainer(Trainer):
             dtype=torch.float32,
             attn_implementation=self.config.attn_implementation,
         ).to(self.device)
+        if self.config.lora_rank > 0:
+            from vime.training.lora import apply_lora
+
+            targets = [t for t in self.config.lora_target_modules.split(",") if t]
+            apply_lora(model, self.config.lora_rank, self.config.lora_alpha, targets)
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}

@@ -1,0 +1,48 @@
+"""LoRA in the torch backend: exact at init, adapters are the only trainable state."""
+
+from __future__ import annotations
+
+import torch
+from trainer_data import config, make_batch
+
+from vime.training.lora import LoRALinear, lora_modules
+from vime.training.torch_backend import TorchTrainer
+
+
+def test_lora_logprobs_equal_base_at_init_and_only_adapters_train(untied_qwen3):
+    base = TorchTrainer(config(untied_qwen3))
+    lora = TorchTrainer(config(untied_qwen3, lora_rank=4, lora_alpha=8.0, lr=1e-2))
+    batch = make_batch(2)
+    for a, b in zip(base.compute_logprobs(batch), lora.compute_logprobs(batch), strict=True):
+        assert torch.equal(a, b)
+
+    adapters = lora_modules(lora.model)
+    n_layers = lora.model.config.num_hidden_layers
+    assert len(adapters) == 4 * n_layers  # q, k, v, o per layer
+    assert all(m.scale == 2.0 for m in adapters.values())
+    trainable = [n for n, p in lora.model.named_parameters() if p.requires_grad]
+    assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)
+    optimized = [p for g in lora.optimizer.param_groups for p in g["params"]]
+    assert len(optimized) == 2 * len(adapters)
+    assert sum(p.numel() for p in optimized) == sum(
+        m.lora_A.numel() + m.lora_B.numel() for m in adapters.values()
+    )
+
+    frozen = {
+        n: p.detach().clone() for n, p in lora.model.named_parameters() if not p.requires_grad
+    }
+    logprobs = lora.compute_logprobs(batch)
+    lora.train_step(make_batch(2, logprobs=logprobs))
+    for n, p in lora.model.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, frozen[n]), n
+    assert any(m.lora_B.abs().sum() > 0 for m in adapters.values())
+
+
+def test_lora_linear_merged_weight_matches_forward():
+    torch.manual_seed(0)
+    layer = LoRALinear(torch.nn.Linear(8, 6), rank=2, alpha=4.0)
+    torch.nn.init.normal_(layer.lora_B)
+    x = torch.randn(3, 8)
+    merged = torch.nn.functional.linear(x, layer.merged_weight(), layer.base.bias)
+    torch.testing.assert_close(layer(x), merged)
