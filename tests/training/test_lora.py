@@ -46,3 +46,37 @@ def test_lora_linear_merged_weight_matches_forward():
     x = torch.randn(3, 8)
     merged = torch.nn.functional.linear(x, layer.merged_weight(), layer.base.bias)
     torch.testing.assert_close(layer(x), merged)
+
+
+def _trained_lora(model):
+    trainer = TorchTrainer(config(model, lora_rank=4, lora_alpha=8.0, lr=1e-2))
+    batch = make_batch(2)
+    trainer.train_step(make_batch(2, logprobs=trainer.compute_logprobs(batch)))
+    return trainer
+
+
+def test_merged_hf_export_equals_the_adapter_model(untied_qwen3, tmp_path):
+    from vime.training.hf_export import save_hf_checkpoint
+
+    trainer = _trained_lora(untied_qwen3)
+    save_hf_checkpoint(trainer, tmp_path / "merged")
+    merged = TorchTrainer(config(tmp_path / "merged"))
+    batch = make_batch(2)
+    for a, b in zip(trainer.compute_logprobs(batch), merged.compute_logprobs(batch), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_sync_pushes_only_the_targeted_layers_merged(untied_qwen3):
+    trainer = _trained_lora(untied_qwen3)
+    full = dict(t for bucket in trainer.export_weights() for t in bucket)
+    synced = dict(t for bucket in trainer.export_synced_weights() for t in bucket)
+    n_layers = trainer.model.config.num_hidden_layers
+    assert len(synced) == 4 * n_layers
+    assert all(
+        n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))
+        for n in synced
+    )
+    assert not any("lora" in n or ".base." in n for n in full)
+    for name, tensor in synced.items():
+        assert torch.equal(tensor, full[name])
+    assert sum(t.numel() for t in synced.values()) < sum(t.numel() for t in full.values()) / 2

@@ -90,10 +90,11 @@ class TrainerWorker:
         return self.trainer.step_logprobs()
 
     def export_to_folder(self, folder: str) -> str | None:
-        """Write the full weights as safetensors buckets into ``folder`` (rank 0 only)."""
+        """Write the synced weights (all, or LoRA's merged target layers) as safetensors
+        buckets into ``folder`` (rank 0 only)."""
         from vime.inference.weights import write_weights
 
-        buckets = self.trainer.export_weights()
+        buckets = self.trainer.export_synced_weights()
         if self.rank != 0:
             for _ in buckets:  # collective: every rank walks the export
                 pass

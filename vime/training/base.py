@@ -359,6 +359,13 @@ class Trainer(abc.ABC):
         unsharded tensors), the other ranks receive none.
         """
 
+    def export_synced_weights(
+        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The weights a sync to the engines pushes (a subset of :meth:`export_weights` when
+        only part of the model trains, e.g. LoRA's merged target layers). Collective."""
+        yield from self.export_weights(bucket_bytes)
+
     @abc.abstractmethod
     def save(self, directory: str | Path) -> Path:
         """Write a checkpoint (model, optimizer, scheduler, RNG, version) atomically."""

@@ -145,12 +145,50 @@ class TorchTrainer(Trainer):
     # ---- weights ---------------------------------------------------------------------------
 
     def _named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Parameters (tied ones once, under their first name) and persistent buffers."""
-        yield from self.model.named_parameters()
+        """Parameters (tied ones once, under their first name) and persistent buffers.
+
+        With LoRA, each adapted layer yields its merged ``W + scale * B @ A`` under the base
+        layer's HF name (``<module>.weight``), and no adapter tensors.
+        """
+        from vime.training.lora import lora_modules
+
+        adapted = lora_modules(self.model)
+        for name, param in self.model.named_parameters():
+            module, _, leaf = name.rpartition(".")
+            if module in adapted:  # lora_A / lora_B
+                continue
+            owner, _, base = module.rpartition(".")
+            if base == "base" and owner in adapted:
+                yield (
+                    f"{owner}.{leaf}",
+                    adapted[owner].merged_weight() if leaf == "weight" else param,
+                )
+                continue
+            yield name, param
         persistent = set(self.model.state_dict().keys())
         for name, buf in self.model.named_buffers():
             if name in persistent:
                 yield name, buf
+
+    def export_synced_weights(
+        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """What weight sync pushes: with LoRA only the adapted layers' merged weights."""
+        if self.config.lora_rank <= 0:
+            yield from self.export_weights(bucket_bytes)
+            return
+        from vime.training.lora import lora_modules
+
+        # vLLM fuses q/k/v and gate/up: push a fused group whole so the engine never sees
+        # part of one (untargeted members are the frozen base weights).
+        fused = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
+        wanted = set()
+        for name in lora_modules(self.model):
+            parent, _, leaf = name.rpartition(".")
+            group = next((g for g in fused if leaf in g), (leaf,))
+            wanted.update(f"{parent}.{member}.weight" for member in group)
+        picked = ((n, t) for n, t in self._rank0_full_weights() if n in wanted)
+        yield from bucket_tensors(picked, bucket_bytes)
 
     def export_weights(
         self, bucket_bytes: int = DEFAULT_BUCKET_BYTES
