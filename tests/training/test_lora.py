@@ -80,3 +80,55 @@ def test_sync_pushes_only_the_targeted_layers_merged(untied_qwen3):
     for name, tensor in synced.items():
         assert torch.equal(tensor, full[name])
     assert sum(t.numel() for t in synced.values()) < sum(t.numel() for t in full.values()) / 2
+
+
+def test_peft_adapter_folder_has_peft_keys_and_rebuilds_the_merged_weights(untied_qwen3, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from vime.training.lora import save_peft_adapter
+
+    trainer = _trained_lora(untied_qwen3)
+    out = save_peft_adapter(trainer.model, tmp_path / "adapter", base_model=str(untied_qwen3))
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8.0
+    assert cfg["target_modules"] == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    tensors = load_file(out / "adapter_model.safetensors")
+    merged = dict(t for bucket in trainer.export_weights() for t in bucket)
+    base = load_file(untied_qwen3 / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj"
+    a = tensors[f"base_model.model.{name}.lora_A.weight"]
+    b = tensors[f"base_model.model.{name}.lora_B.weight"]
+    assert a.shape[0] == 4 and b.shape[1] == 4
+    assert len(tensors) == 2 * len(lora_modules(trainer.model))
+    torch.testing.assert_close(base[f"{name}.weight"] + 2.0 * b @ a, merged[f"{name}.weight"])
+
+
+def test_checkpoint_round_trip_covers_the_adapters(untied_qwen3, tmp_path):
+    cfg = config(untied_qwen3, lora_rank=4, lora_alpha=8.0, lr=1e-2)
+    a = _trained_lora(untied_qwen3)
+    a.save(tmp_path / "ckpt")
+    b = TorchTrainer(cfg)
+    b.load(tmp_path / "ckpt")
+    for (name, m), other in zip(
+        lora_modules(a.model).items(), lora_modules(b.model).values(), strict=True
+    ):
+        assert torch.equal(m.lora_A, other.lora_A) and torch.equal(m.lora_B, other.lora_B), name
+    batch = make_batch(3)
+    batch = make_batch(3, logprobs=a.compute_logprobs(batch))
+    assert a.train_step(batch)["loss"] == b.train_step(batch)["loss"]
+    for m, other in zip(
+        lora_modules(a.model).values(), lora_modules(b.model).values(), strict=True
+    ):
+        assert torch.equal(m.lora_B, other.lora_B)
+
+
+def test_lora_on_megatron_is_refused():
+    import pytest
+
+    from vime.errors import ConfigError
+    from vime.training.base import TrainerConfig
+
+    with pytest.raises(ConfigError, match="--lora-rank needs --backend torch"):
+        TrainerConfig(backend="megatron", lora_rank=8)

@@ -94,6 +94,10 @@ class TrainerConfig:
         for ok, flag, value, what in checks:
             if not ok:
                 raise ConfigError(f"{flag} {value!r} {what}")
+        if self.lora_rank > 0 and self.backend != "torch":
+            raise ConfigError(
+                f"--lora-rank needs --backend torch; LoRA is not implemented for {self.backend}"
+            )
         decays = self.lr_decay_style != "constant"
         if decays and (self.train_iters is None or self.train_iters <= self.lr_warmup_iters):
             raise ConfigError(

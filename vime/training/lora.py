@@ -7,6 +7,7 @@ the base model at init; ``scale = alpha / rank``. The base weight and bias are f
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,3 +73,39 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: Iterable[str]
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     """Qualified name -> :class:`LoRALinear` of every adapter in ``model``."""
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def save_peft_adapter(model: nn.Module, directory: str | Path, base_model: str = "") -> Path:
+    """Write the adapters as a PEFT-format folder: ``adapter_config.json`` plus
+    ``adapter_model.safetensors`` with keys ``base_model.model.<module>.lora_A.weight`` /
+    ``lora_B.weight`` (A: rank x in, B: out x rank)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    adapters = lora_modules(model)
+    if not adapters:
+        raise ValueError("the model has no LoRA adapters")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, module in adapters.items():
+        prefix = f"base_model.model.{name}"
+        tensors[f"{prefix}.lora_A.weight"] = module.lora_A.detach().contiguous().cpu()
+        tensors[f"{prefix}.lora_B.weight"] = module.lora_B.detach().contiguous().cpu()
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    first = next(iter(adapters.values()))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": first.rank,
+        "lora_alpha": first.scale * first.rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "target_modules": sorted({n.rsplit(".", 1)[-1] for n in adapters}),
+        "inference_mode": True,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
