@@ -60,6 +60,8 @@ def test_merged_hf_export_equals_the_adapter_model(untied_qwen3, tmp_path):
 
     trainer = _trained_lora(untied_qwen3)
     save_hf_checkpoint(trainer, tmp_path / "merged")
+    out = trainer.save_hf(tmp_path / "with_adapter")
+    assert (out / "lora_adapter" / "adapter_model.safetensors").is_file()
     merged = TorchTrainer(config(tmp_path / "merged"))
     batch = make_batch(2)
     for a, b in zip(trainer.compute_logprobs(batch), merged.compute_logprobs(batch), strict=True):

@@ -207,6 +207,16 @@ class TorchTrainer(Trainer):
             if self.rank == 0:
                 yield name, full.detach()
 
+    def save_hf(self, directory: str | Path, *, max_shard_bytes: int = 2 << 30) -> Path:
+        """The HF folder (with LoRA: merged weights) and, with LoRA, a PEFT adapter folder
+        in its ``lora_adapter/`` subfolder."""
+        out = super().save_hf(directory, max_shard_bytes=max_shard_bytes)
+        if self.config.lora_rank > 0 and self.rank == 0:
+            from vime.training.lora import save_peft_adapter
+
+            save_peft_adapter(self.model, out / "lora_adapter", self.config.hf_checkpoint)
+        return out
+
     # ---- checkpoints -----------------------------------------------------------------------
 
     def _barrier(self) -> None:
