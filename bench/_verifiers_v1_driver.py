@@ -20,10 +20,40 @@ from importlib.metadata import version
 from pathlib import Path
 
 TASKSET = Path(__file__).with_name("verifiers_v1")
+# Every concurrent verifiers 0.4 rollout is two Python processes of its own: the null harness's
+# chat program and the task's MCP tool server. 256 tool servers alone took about 18 GB here
+# (70 MB each, before any chat program started; the 24 GB machine reached load 250 and the
+# run was stopped), so a rollout needs at least twice that.
+MB_PER_ROLLOUT = 140
+HEADROOM_MB = 2048
+
+
+def available_mb() -> int:
+    """MemAvailable of this machine, in MB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def check_resources(vf_eval: Path, concurrency: int) -> None:
+    """Refuse, with the reason, a run this machine cannot hold or that would fetch ``uv``."""
+    if not vf_eval.with_name("uv").exists():
+        raise SystemExit(
+            f"no uv in {vf_eval.parent}: verifiers 0.4 prepares its harness program with uv and "
+            "otherwise downloads it from the internet; pip install uv into that venv"
+        )
+    need, have = concurrency * MB_PER_ROLLOUT + HEADROOM_MB, available_mb()
+    if need > have:
+        raise SystemExit(
+            f"concurrency {concurrency} needs about {need} MB (two processes per rollout, "
+            f"{MB_PER_ROLLOUT} MB, plus {HEADROOM_MB} MB headroom); {have} MB available"
+        )
 
 
 def drive(url: str, concurrency: int, episodes: int, turns: int) -> dict:
     vf_eval = Path(sys.executable).with_name("vf-eval")
+    check_resources(vf_eval, concurrency)
     with tempfile.TemporaryDirectory() as cwd:
         argv = [str(vf_eval), "vime-adder", "-m", "stub", "--client.base-url", url]
         argv += ["--client.api-key-var", "VIME_BENCH_KEY", "-n", str(episodes), "-r", "1"]

@@ -3,9 +3,14 @@ zero-latency vLLM-like stub server (separate process), for a multi-turn tool env
 sandbox, at several concurrencies; beside it, the same stub and task driven by the PyPI
 ``verifiers`` package when a venv with it is given. Prints a table; ``--out FILE`` writes JSON.
 
-    .venv/bin/python bench/rollout_overhead.py --concurrency 64 256 1024 \\
+    .venv/bin/python bench/rollout_overhead.py --concurrency 32 256 \\
         --verifiers-python /tmp/verifiers-venv/bin/python /tmp/verifiers01-venv/bin/python \\
         --out rollout_overhead.json
+
+Peer venvs: ``pip install verifiers==0.4.0 uv`` (0.4 prepares its harness program with uv and
+would download uv otherwise) and ``pip install verifiers==0.1.14``. verifiers 0.4 runs two
+processes per concurrent rollout; its driver refuses a concurrency this machine's memory
+cannot hold (about 140 MB a rollout) and the row says so.
 """
 
 from __future__ import annotations
@@ -190,7 +195,7 @@ def main() -> None:
         "--episodes",
         type=int,
         default=0,
-        help="episodes per point (default: max(256, concurrency))",
+        help="episodes per point (default: max(64, 2 x concurrency))",
     )
     parser.add_argument("--mode", choices=["tokens", "chat"], nargs="+", default=["tokens", "chat"])
     parser.add_argument(
@@ -207,7 +212,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     try:
         for concurrency in args.concurrency:
-            episodes = args.episodes or max(256, concurrency)
+            episodes = args.episodes or max(64, 2 * concurrency)
             for mode in args.mode:
                 rows.append(asyncio.run(vime_turns_per_s(url, concurrency, episodes, mode)))
                 print(json.dumps(rows[-1]), flush=True)
