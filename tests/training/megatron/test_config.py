@@ -73,3 +73,13 @@ def test_world_size_must_split_into_model_replicas():
     assert cfg.data_parallel_size(4) == 2
     with pytest.raises(ConfigError, match="3 processes cannot be split"):
         cfg.data_parallel_size(3)
+
+
+def test_moe_flags_are_parsed():
+    cfg = parse_megatron_args(["--expert-model-parallel-size", "2", "--moe-aux-loss-coeff", "0.01"])
+    assert (cfg.expert_model_parallel_size, cfg.moe_aux_loss_coeff) == (2, 0.01)
+    assert cfg.data_parallel_size(2) == 2
+    with pytest.raises(ConfigError, match="--expert-model-parallel-size 2 must divide the 3"):
+        cfg.data_parallel_size(3)
+    with pytest.raises(ConfigError, match=r"--moe-aux-loss-coeff -1\.0 must be >= 0"):
+        parse_megatron_args(["--moe-aux-loss-coeff", "-1"])

@@ -62,7 +62,7 @@ def hf_logprobs(tiny_models) -> dict[str, list[torch.Tensor]]:
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe"])
 def test_packed_logprobs_match_transformers(tiny_models, hf_logprobs, family):
     batch = _batch()
     # All four sequences share one packed micro-batch (Megatron's thd path).

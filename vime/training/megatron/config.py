@@ -1,4 +1,5 @@
-"""Megatron's own flags (TP/PP/DP layout, distributed optimizer, precision, recompute), typed.
+"""Megatron's own flags (TP/PP/DP/EP layout, distributed optimizer, precision, recompute, MoE
+aux loss), typed.
 
 They arrive as passthrough arguments, spelled as Megatron spells them
 (``--tensor-model-parallel-size 2 --use-distributed-optimizer --bf16``), and are parsed once
@@ -29,8 +30,16 @@ class MegatronConfig:
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: int | None = None
     overlap_grad_reduce: bool = False
+    expert_model_parallel_size: int = 1
+    moe_aux_loss_coeff: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.expert_model_parallel_size < 1:
+            raise ConfigError(
+                f"--expert-model-parallel-size {self.expert_model_parallel_size} must be >= 1"
+            )
+        if self.moe_aux_loss_coeff < 0:
+            raise ConfigError(f"--moe-aux-loss-coeff {self.moe_aux_loss_coeff} must be >= 0")
         if self.tensor_model_parallel_size < 1:
             raise ConfigError(
                 f"--tensor-model-parallel-size {self.tensor_model_parallel_size} must be >= 1"
@@ -66,7 +75,16 @@ class MegatronConfig:
                 f"--tensor-model-parallel-size {self.tensor_model_parallel_size} x "
                 f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size}"
             )
-        return world_size // per_replica
+        dp = world_size // per_replica
+        ep = self.expert_model_parallel_size
+        if (dp * self.tensor_model_parallel_size) % ep:
+            raise ConfigError(
+                f"--expert-model-parallel-size {ep} must divide the "
+                f"{dp * self.tensor_model_parallel_size} ranks of a pipeline stage "
+                f"({world_size} processes / --pipeline-model-parallel-size "
+                f"{self.pipeline_model_parallel_size})"
+            )
+        return dp
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap-grad-reduce", action="store_true")
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--context-parallel-size", type=int, default=1)
+    p.add_argument("--expert-model-parallel-size", type=int, default=1)
+    p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
     return p
 
 
@@ -99,7 +119,8 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
             f"unrecognized Megatron flag {unknown[0]!r}; the Megatron backend accepts "
             "--tensor-model-parallel-size, --pipeline-model-parallel-size, "
             "--use-distributed-optimizer, --bf16, --recompute-granularity, --recompute-method, "
-            "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce"
+            "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce, "
+            "--expert-model-parallel-size, --moe-aux-loss-coeff"
         )
     if known.fp16:
         raise ConfigError("--fp16 is not supported by the Megatron backend; use --bf16")
@@ -126,4 +147,6 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
         recompute_method=known.recompute_method,
         recompute_num_layers=known.recompute_num_layers,
         overlap_grad_reduce=known.overlap_grad_reduce,
+        expert_model_parallel_size=known.expert_model_parallel_size,
+        moe_aux_loss_coeff=known.moe_aux_loss_coeff,
     )

@@ -1,9 +1,10 @@
-"""Megatron-core GPT models for Llama/Qwen2/Qwen3 built from a :class:`GPTArch`.
+"""Megatron-core GPT models for Llama/Qwen2/Qwen3 and Qwen3-MoE built from a :class:`GPTArch`.
 
 The layer spec uses megatron-core's own tensor-parallel linears only (no TransformerEngine, no
 Apex) and swaps in two fast modules: attention through torch SDPA (flash / memory-efficient
 kernels instead of materialising ``[b, heads, s, s]`` scores) and RMSNorm through
-``torch.nn.functional.rms_norm``.
+``torch.nn.functional.rms_norm``. MoE layers are megatron-core's own ``MoELayer`` with its
+top-k router and local (unfused, one MLP per expert) experts.
 """
 
 from __future__ import annotations
@@ -143,7 +144,9 @@ def layer_spec(arch: GPTArch) -> Any:
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=RMSNorm,
-            mlp=ModuleSpec(
+            mlp=_moe_spec(arch)
+            if arch.is_moe
+            else ModuleSpec(
                 module=MLP,
                 submodules=MLPSubmodules(
                     linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear
@@ -153,6 +156,45 @@ def layer_spec(arch: GPTArch) -> Any:
         ),
     )
     return TransformerBlockSubmodules(layer_specs=[layer] * arch.num_layers, layer_norm=RMSNorm)
+
+
+def _moe_spec(arch: GPTArch) -> Any:
+    """megatron-core's MoE layer: top-k router, one local MLP per expert (no grouped GEMM)."""
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        # megatron-core 0.16.1 defines it only when TransformerEngine imports, and its router's
+        # gating linear then fails with NameError; None selects its plain torch matmul.
+        moe_utils.te_general_gemm = None
+    return get_moe_module_spec(use_te=False, num_experts=arch.num_experts, moe_grouped_gemm=False)
+
+
+def _moe_options(arch: GPTArch, mcfg: MegatronConfig) -> dict[str, Any]:
+    """``TransformerConfig`` fields of an MoE model (none for a dense one).
+
+    HF Qwen3-MoE routes by softmax over all experts then top-k, renormalised when
+    ``norm_topk_prob``. Megatron's softmax router without pre-softmax takes the top-k logits and
+    softmaxes them, which is the renormalised form; with pre-softmax it keeps the full softmax's
+    values, the unnormalised one.
+    """
+    if not arch.is_moe:
+        return {}
+    ep = mcfg.expert_model_parallel_size
+    return {
+        "num_moe_experts": arch.num_experts,
+        "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+        "moe_router_topk": arch.moe_topk,
+        "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": not arch.moe_norm_topk_prob,
+        "moe_router_dtype": "fp32",
+        "moe_router_load_balancing_type": "aux_loss",
+        "moe_aux_loss_coeff": mcfg.moe_aux_loss_coeff,
+        # All-gather needs equal token counts on every rank; data-parallel ranks that share
+        # experts hold micro-batches of different lengths, which all-to-all handles.
+        "moe_token_dispatcher_type": "alltoall" if ep > 1 else "allgather",
+        "expert_model_parallel_size": ep,
+    }
 
 
 def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool) -> Any:
@@ -197,6 +239,7 @@ def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool)
         use_cpu_initialization=not torch.cuda.is_available(),
         perform_initialization=initialize,
         init_method_std=0.02,
+        **_moe_options(arch, mcfg),
     )
 
 

@@ -32,6 +32,12 @@ def init_parallel(mcfg: MegatronConfig, seed: int) -> None:
     mcfg.data_parallel_size(dist.get_world_size())
     if mpu.model_parallel_is_initialized():
         tp = mpu.get_tensor_model_parallel_world_size()
+        ep = mpu.get_expert_model_parallel_world_size()
+        if ep != mcfg.expert_model_parallel_size:
+            raise RuntimeError(
+                f"Megatron groups already exist with expert parallel size {ep}, but this trainer "
+                f"asks for {mcfg.expert_model_parallel_size}; one process holds one layout"
+            )
         if tp != mcfg.tensor_model_parallel_size:
             raise RuntimeError(
                 f"Megatron groups already exist with tensor parallel size {tp}, but this trainer "
@@ -41,6 +47,7 @@ def init_parallel(mcfg: MegatronConfig, seed: int) -> None:
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
             pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
+            expert_model_parallel_size=mcfg.expert_model_parallel_size,
         )
     if torch.cuda.is_available():
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed

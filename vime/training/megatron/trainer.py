@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from vime.errors import ConfigError
 from vime.training import checkpoint as ckpt
@@ -23,7 +22,15 @@ from vime.training.base import Trainer, TrainerConfig
 from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from vime.training.megatron.arch import GPTArch, arch_from_hf_config
 from vime.training.megatron.config import MegatronConfig, Role, parse_megatron_args
-from vime.training.megatron.convert import hf_to_megatron, shard, to_hf, tp_split_dim, unshard
+from vime.training.megatron.convert import (
+    expert_to_global,
+    hf_to_megatron,
+    is_expert,
+    shard,
+    to_hf,
+    tp_split_dim,
+    unshard,
+)
 from vime.training.packing import PackedInputs
 
 if TYPE_CHECKING:
@@ -97,7 +104,14 @@ class MegatronTrainer(Trainer):
         self.mcfg = mcfg
         self.arch: GPTArch = arch_from_hf_config(AutoConfig.from_pretrained(config.hf_checkpoint))
         self.arch.check_tensor_parallel(mcfg.tensor_model_parallel_size)
+        self.arch.check_expert_parallel(mcfg.expert_model_parallel_size)
         tp = mcfg.tensor_model_parallel_size
+        if tp > 1 and self.arch.is_moe:
+            raise ConfigError(
+                f"--tensor-model-parallel-size {tp} with a mixture-of-experts model is not "
+                "supported by the Megatron backend yet; split the experts with "
+                "--expert-model-parallel-size instead"
+            )
         if tp > 1 and self.loss_config.entropy_coef > 0:
             raise ConfigError(
                 f"--entropy-coef {self.loss_config.entropy_coef} needs the full-vocabulary "
@@ -111,6 +125,11 @@ class MegatronTrainer(Trainer):
         self.dp_group = mpu.get_data_parallel_group()
         self.dp_rank = mpu.get_data_parallel_rank()
         self.dp_size = mpu.get_data_parallel_world_size()
+        self.ep_group = mpu.get_expert_model_parallel_group() if self.arch.is_moe else None
+        self.ep_rank = mpu.get_expert_model_parallel_rank() if self.arch.is_moe else 0
+        self.ep_size = mcfg.expert_model_parallel_size
+        self.experts_per_rank = self.arch.num_experts // self.ep_size
+        self._step_tokens = 1  # tokens of the running train_step's batch (MoE aux loss scale)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = (
@@ -135,7 +154,7 @@ class MegatronTrainer(Trainer):
     def _load_hf_weights(self) -> None:
         full = hf_to_megatron(load_hf_state_dict(self.config.hf_checkpoint), self.arch)
         tp = self.mcfg.tensor_model_parallel_size
-        params = dict(self.model.named_parameters())
+        params = {self._global_name(n): p for n, p in self.model.named_parameters()}
         missing = sorted(set(params) - set(full))
         if missing:
             raise RuntimeError(f"the converted weights lack Megatron parameters {missing[:3]}")
@@ -148,6 +167,10 @@ class MegatronTrainer(Trainer):
                         f"{tuple(param.shape)}"
                     )
                 param.copy_(piece)
+
+    def _global_name(self, name: str) -> str:
+        """A parameter's name in the full state dict (its expert's global index under EP)."""
+        return expert_to_global(name, self.ep_rank, self.experts_per_rank)
 
     def _build_optimizer(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -186,9 +209,14 @@ class MegatronTrainer(Trainer):
 
     # ---- forward ---------------------------------------------------------------------------
 
-    def _logits(self, inputs: PackedInputs) -> torch.Tensor:
-        """Float32 logits ``[T, V / tp]`` of a packed row, divided by the rollout temperature."""
+    def _token_logprobs_and_entropy(
+        self, inputs: PackedInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's last (normalised) hidden states and the output weight (this rank's
+        vocabulary shard) through the chunked, vocab-parallel kernel: no ``[T, V]`` logits."""
         from megatron.core.packed_seq_params import PackedSeqParams
+
+        from vime.training.output_logprobs import token_logprobs_and_entropy
 
         packed = None
         cu = inputs.cu_seqlens
@@ -203,39 +231,60 @@ class MegatronTrainer(Trainer):
                 max_seqlen_q=longest,
                 max_seqlen_kv=longest,
             )
-        logits = self.model(
-            input_ids=inputs.input_ids.to(self.device),
-            position_ids=inputs.position_ids.to(self.device),
-            attention_mask=None,
-            packed_seq_params=packed,
+        gpt = self.module
+        # Without post_process GPTModel returns the decoder's hidden states [s, b, h] (after the
+        # final norm) instead of running its output layer.
+        gpt.post_process = False
+        try:
+            hidden = self.model(
+                input_ids=inputs.input_ids.to(self.device),
+                position_ids=inputs.position_ids.to(self.device),
+                attention_mask=None,
+                packed_seq_params=packed,
+            )
+        finally:
+            gpt.post_process = True
+        if gpt.share_embeddings_and_output_weights:
+            weight = gpt.shared_embedding_or_output_weight()
+        else:
+            weight = gpt.output_layer.weight
+        tp = self.mcfg.tensor_model_parallel_size
+        return token_logprobs_and_entropy(
+            hidden[:-1, 0],
+            weight,
+            inputs.input_ids[0, 1:].to(self.device),
+            temperature=self.config.rollout_temperature,
+            group=self.tp_group if tp > 1 else None,
+            vocab_start=self.tp_rank * weight.shape[0],
         )
-        logits = logits[0].float()
-        if self.config.rollout_temperature != 1.0:
-            logits = logits / self.config.rollout_temperature
-        return logits
 
-    def _target_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self.mcfg.tensor_model_parallel_size == 1:
-            return -F.cross_entropy(logits, targets, reduction="none")
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    # ---- the MoE auxiliary loss ------------------------------------------------------------
 
-        # It subtracts the row maximum in place: give it its own copy.
-        return -vocab_parallel_cross_entropy(logits.clone(), targets)
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """See :meth:`Trainer.train_step`; MoE models add ``--moe-aux-loss-coeff`` times the
+        routers' load-balancing loss (:meth:`_micro_batch_loss` says how it is weighted)."""
+        self._step_tokens = max(batch.num_tokens, 1)
+        return super().train_step(batch)
 
-    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
-        """Per-row entropy; over the vocabulary shards (no gradient) when TP > 1."""
-        from vime.algorithms.kl import entropy_from_logits
+    def _micro_batch_loss(self, samples: Any, mb: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The base micro-batch loss; for an MoE model, also sets the weight of the load-balancing
+        loss its routers attach to this forward pass.
 
-        if self.mcfg.tensor_model_parallel_size == 1:
-            return entropy_from_logits(logits)
-        with torch.no_grad():
-            top = logits.max(-1).values
-            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=self.tp_group)
-            shifted = logits - top[:, None]
-            exp = shifted.exp()
-            stats = torch.stack([exp.sum(-1), (exp * shifted).sum(-1)])
-            dist.all_reduce(stats, group=self.tp_group)
-            return stats[0].log() - stats[1] / stats[0]
+        Each MoE layer's router adds ``coeff * aux * T_mb`` to the gradient (megatron-core's
+        per-token-loss convention, ``T_mb`` the micro-batch's tokens) times the autoscaler's
+        scale. A scale of ``1 / T_step`` (the whole batch's tokens, over every data-parallel
+        rank) makes the step's objective ``policy loss + coeff * sum over layers and
+        micro-batches of (T_mb / T_step) * aux``: the token-weighted mean of the per-micro-batch
+        losses, like the policy loss's global normaliser, and independent of how the batch is
+        split over micro-batches and ranks when each micro-batch is one sequence. A dummy
+        micro-batch adds none.
+        """
+        if self.arch.is_moe and self.mcfg.moe_aux_loss_coeff > 0:
+            from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+            scale = 0.0 if mb.dummy else 1.0 / self._step_tokens
+            MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale, device=self.device))
+        return super()._micro_batch_loss(samples, mb, *args, **kwargs)
 
     # ---- gradients and the optimizer -------------------------------------------------------
 
@@ -263,6 +312,13 @@ class MegatronTrainer(Trainer):
         tp = self.mcfg.tensor_model_parallel_size
         for name, param in self.module.named_parameters():
             tensor = param.detach()
+            if self.ep_size > 1 and is_expert(name):
+                # Each expert-parallel rank holds other experts under the same local names.
+                pieces = [torch.empty_like(tensor) for _ in range(self.ep_size)]
+                dist.all_gather(pieces, tensor.contiguous(), group=self.ep_group)
+                for ep_rank, piece in enumerate(pieces):
+                    yield expert_to_global(name, ep_rank, self.experts_per_rank), piece
+                continue
             if tp > 1 and tp_split_dim(name) is not None:
                 pieces = [torch.empty_like(tensor) for _ in range(tp)]
                 dist.all_gather(pieces, tensor.contiguous(), group=self.tp_group)
@@ -288,15 +344,19 @@ class MegatronTrainer(Trainer):
     # ---- checkpoints -----------------------------------------------------------------------
 
     def _layout(self) -> dict[str, int]:
-        return {
+        layout = {
             "world_size": dist.get_world_size(),
             "tensor_model_parallel_size": self.mcfg.tensor_model_parallel_size,
             "use_distributed_optimizer": int(self.mcfg.use_distributed_optimizer),
         }
+        if self.ep_size > 1:
+            layout["expert_model_parallel_size"] = self.ep_size
+        return layout
 
     def _rank_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"rng": ckpt.rng_state()}
-        if self.dp_rank == 0:
+        if self.dp_rank == 0 or self.ep_size > 1:
+            # Under expert parallelism data-parallel ranks hold different experts.
             state["model"] = {
                 k: v.cpu() if isinstance(v, torch.Tensor) else v
                 for k, v in self.module.state_dict().items()
