@@ -87,9 +87,10 @@ class PlainLoop:
         from qwen3_shapes import qwen3_config
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_config(
-            qwen3_config(model), dtype=torch.bfloat16, attn_implementation="sdpa"
-        ).cuda()
+        with torch.device("cuda"):  # random init on the GPU: minutes faster than on the CPU
+            self.model = AutoModelForCausalLM.from_config(
+                qwen3_config(model), dtype=torch.bfloat16, attn_implementation="sdpa"
+            )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, fused=True)
 
     def train_step(self, batch: Any) -> dict[str, float]:

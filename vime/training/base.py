@@ -154,17 +154,17 @@ class Trainer(abc.ABC):
     # ---- what a backend supplies -----------------------------------------------------------
 
     @abc.abstractmethod
-    def _logits(self, inputs: PackedInputs) -> torch.Tensor:
-        """Float32 logits ``[T, V]`` of a packed row divided by ``config.rollout_temperature``
-        (under tensor parallelism this rank's vocabulary shard)."""
+    def _token_logprobs_and_entropy(
+        self, inputs: PackedInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``t = 0 .. T-2`` of a packed row: ``log p(x[t+1] | x[:t+1])`` under
+        ``softmax(logits / config.rollout_temperature)`` and the entropy of that softmax, each
+        ``[T - 1]`` float32, over the whole vocabulary (all tensor-parallel shards).
 
-    @abc.abstractmethod
-    def _target_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """``log softmax(logits[t])[targets[t]]`` per row, over the whole vocabulary."""
-
-    @abc.abstractmethod
-    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
-        """Entropy of ``softmax(logits[t])`` per row, over the whole vocabulary."""
+        Backends compute both from the last hidden states and the output layer's weight with
+        :func:`~vime.training.output_logprobs.token_logprobs_and_entropy`, so the ``[T, V]``
+        float32 logits never exist; the entropy costs backward work only when a loss uses it.
+        """
 
     @abc.abstractmethod
     def _zero_grad(self) -> None:
@@ -190,13 +190,6 @@ class Trainer(abc.ABC):
         plan = plan_micro_batches(lengths, self.config.max_tokens_per_micro_batch, self.dp_size)
         return plan[self.dp_rank]
 
-    def _sequence_logprobs(self, logits: torch.Tensor, inputs: PackedInputs) -> list[torch.Tensor]:
-        """Per-sequence logprobs of a packed row: entry i is log p(x_i | x_<i), entry 0 is 0."""
-        from vime.training.packing import unpack_shifted
-
-        ids = inputs.input_ids[0].to(logits.device)
-        return unpack_shifted(self._target_logprobs(logits[:-1], ids[1:]), inputs.cu_seqlens)
-
     def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
         """The current policy's logprobs: one float32 CPU tensor per sample, in batch order.
 
@@ -205,7 +198,7 @@ class Trainer(abc.ABC):
         """
         import torch
 
-        from vime.training.packing import pack_inputs
+        from vime.training.packing import pack_inputs, unpack_shifted
 
         if not batch.samples:
             return []
@@ -215,7 +208,8 @@ class Trainer(abc.ABC):
             for mb in self._plan(batch):
                 # Dummy micro-batches run too: sharded weights are gathered in lockstep.
                 inputs = pack_inputs(batch.samples, mb)
-                logprobs = self._sequence_logprobs(self._logits(inputs), inputs)
+                token_logprobs, _ = self._token_logprobs_and_entropy(inputs)
+                logprobs = unpack_shifted(token_logprobs, inputs.cu_seqlens)
                 if not mb.dummy:
                     for i, lp in zip(mb.indices, logprobs, strict=True):
                         mine[i] = lp.float().cpu()
@@ -269,6 +263,7 @@ class Trainer(abc.ABC):
             loss.backward()
             loss_total += loss.detach()
         self._reduce_gradients()
+        self._step_logprobs = _to_cpu(self._step_logprobs)
         lr = self.schedule.apply_next()
         grad_norm = self._optimizer_step()
         self.schedule.step()
@@ -310,19 +305,17 @@ class Trainer(abc.ABC):
         from vime.training.packing import pack_inputs, unpack_shifted
 
         inputs = pack_inputs(samples, mb)
-        logits = self._logits(inputs)
-        per_seq = self._sequence_logprobs(logits, inputs)
+        token_logprobs, token_entropy = self._token_logprobs_and_entropy(inputs)
+        per_seq = unpack_shifted(token_logprobs, inputs.cu_seqlens)
         if mb.dummy:
             # Runs the same collectives as a real micro-batch and adds no gradient.
             return torch.cat(per_seq).sum() * 0.0
         for i, lp in zip(mb.indices, per_seq, strict=True):
-            self._step_logprobs[i] = lp.detach().float().cpu()
+            self._step_logprobs[i] = lp.detach()  # to the CPU once, at the end of the step
         chosen = [samples[i] for i in mb.indices]
-        entropy = None
-        if self.loss_config.entropy_coef > 0:
-            entropy = pad_sequence(
-                unpack_shifted(self._entropy(logits), inputs.cu_seqlens), batch_first=True
-            )
+        if self.loss_config.entropy_coef <= 0:
+            token_entropy = token_entropy.detach()  # only the policy/entropy metric reads it
+        entropy = pad_sequence(unpack_shifted(token_entropy, inputs.cu_seqlens), batch_first=True)
         mask = _padded(chosen, "loss_mask", self.device)
         assert mask is not None  # every sample has a loss mask
         loss, metrics = policy_loss(
@@ -337,16 +330,6 @@ class Trainer(abc.ABC):
             num_tokens=num_tokens,
             num_seqs=num_seqs,
         )
-        if entropy is None:
-            # Token j of a sequence starting at a is predicted by logits row a + j - 1.
-            rows = [
-                a + j - 1
-                for s, a in zip(chosen, inputs.cu_seqlens[:-1], strict=True)
-                for j, m in enumerate(s.loss_mask)
-                if m
-            ]
-            with torch.no_grad():
-                metrics["policy/entropy"] = float(self._entropy(logits[rows]).mean())
         metrics.pop("policy/loss")  # a share of the step's loss; train_step reports the total
         sums.add(metrics, weight=metrics["policy/num_tokens"])
         return loss
@@ -403,6 +386,18 @@ def loss_normalisers(batch: TrainBatch) -> tuple[int, int]:
     return count_loss_units(
         pad_sequence([torch.tensor(s.loss_mask) for s in batch], batch_first=True)
     )
+
+
+def _to_cpu(tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Float32 CPU copies of per-sample device tensors, in one device-to-host copy."""
+    import torch
+
+    if not tensors:
+        return {}
+    keys = list(tensors)
+    flat = torch.cat([tensors[k].float() for k in keys]).cpu()
+    parts = flat.split([tensors[k].numel() for k in keys])
+    return {k: part.clone() for k, part in zip(keys, parts, strict=True)}  # own storage each
 
 
 def _padded(samples: list[TrainSample], field: str, device: Any) -> torch.Tensor | None:

@@ -32,14 +32,20 @@ def token_logprobs_and_entropy(
     softmax at each position ``t``, both ``[T]`` in float32 (float64 for float64 inputs).
 
     ``hidden`` is ``[T, H]`` and ``weight`` ``[V, H]`` (the local shard ``[V / tp, H]`` when
-    ``group`` is a tensor-parallel group, holding ids ``vocab_start ..``); the matmuls run in
-    their dtype, softmax and reductions in float32. Both outputs are differentiable with
-    respect to ``hidden`` and ``weight``; an output that no loss uses costs no backward work.
+    ``group`` is a tensor-parallel group, holding ids ``vocab_start ..``), both of one dtype;
+    the matmuls run in that dtype (autocast off), softmax and reductions in float32. Both
+    outputs are differentiable with respect to ``hidden`` and ``weight``; an output that no
+    loss uses costs no backward work.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"token_logprobs_and_entropy: hidden [T, H] and weight [V, H] expected, got "
             f"{tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
+    if hidden.dtype != weight.dtype:
+        raise ValueError(
+            f"token_logprobs_and_entropy: hidden and weight need one dtype, got {hidden.dtype} "
+            f"and {weight.dtype}"
         )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(
@@ -101,66 +107,86 @@ class _ChunkedOutputLogprobs(torch.autograd.Function):
         group: Any,
         vocab_start: int,
     ) -> tuple[Tensor, Tensor]:
-        n = hidden.shape[0]
-        dtype = torch.promote_types(hidden.dtype, torch.float32)
-        logprobs = torch.empty(n, dtype=dtype, device=hidden.device)
-        entropy = torch.empty(n, dtype=dtype, device=hidden.device)
-        lse_all = torch.empty(n, dtype=dtype, device=hidden.device)
-        for a in range(0, n, chunk):
-            b = min(a + chunk, n)
-            _, lse, target_logit, ent = _chunk_stats(
-                hidden[a:b], weight, targets[a:b], temperature, group, vocab_start
-            )
-            logprobs[a:b] = target_logit - lse
-            entropy[a:b] = ent
-            lse_all[a:b] = lse
-        ctx.save_for_backward(hidden, weight, targets, lse_all, entropy)
-        ctx.settings = (temperature, chunk, group, vocab_start)
-        ctx.set_materialize_grads(False)
-        return logprobs, entropy
+        with torch.autocast(hidden.device.type, enabled=False):
+            return _forward(ctx, hidden, weight, targets, temperature, chunk, group, vocab_start)
 
     @staticmethod
     def backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> Any:
-        hidden, weight, targets, lse_all, entropy = ctx.saved_tensors
-        temperature, chunk, group, vocab_start = ctx.settings
-        none = (None,) * 5
-        if grad_logprobs is None and grad_entropy is None:
-            return (None, None, *none)
-        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = (
-            torch.zeros(weight.shape, dtype=lse_all.dtype, device=weight.device)
-            if ctx.needs_input_grad[1]
-            else None
+        with torch.autocast(ctx.device_type, enabled=False):
+            return _backward(ctx, grad_logprobs, grad_entropy)
+
+
+def _forward(
+    ctx: Any,
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    temperature: float,
+    chunk: int,
+    group: Any,
+    vocab_start: int,
+) -> tuple[Tensor, Tensor]:
+    n = hidden.shape[0]
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    logprobs = torch.empty(n, dtype=dtype, device=hidden.device)
+    entropy = torch.empty(n, dtype=dtype, device=hidden.device)
+    lse_all = torch.empty(n, dtype=dtype, device=hidden.device)
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        _, lse, target_logit, ent = _chunk_stats(
+            hidden[a:b], weight, targets[a:b], temperature, group, vocab_start
         )
-        vocab = weight.shape[0]
-        for a in range(0, hidden.shape[0], chunk):
-            b = min(a + chunk, hidden.shape[0])
-            h = hidden[a:b]
-            z = _scaled_logits(h, weight, temperature)
-            logp = z - lse_all[a:b, None]
-            p = logp.exp()
-            # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H).
-            grad_z = torch.zeros_like(z)
-            if grad_logprobs is not None:
-                g = grad_logprobs[a:b].to(z.dtype)
-                grad_z -= g[:, None] * p
-                local = targets[a:b] - vocab_start
-                inside = (local >= 0) & (local < vocab)
-                rows = torch.nonzero(inside)[:, 0]
-                grad_z[rows, local[rows]] += g[rows]
-            if grad_entropy is not None:
-                g = grad_entropy[a:b].to(z.dtype)
-                grad_z -= g[:, None] * p * (logp + entropy[a:b, None])
-            if temperature != 1.0:
-                grad_z = grad_z / temperature
-            grad_z = grad_z.to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[a:b] = grad_z @ weight
-            if grad_weight is not None:
-                grad_weight += grad_z.t() @ h
+        logprobs[a:b] = target_logit - lse
+        entropy[a:b] = ent
+        lse_all[a:b] = lse
+    ctx.save_for_backward(hidden, weight, targets, lse_all, entropy)
+    ctx.settings = (temperature, chunk, group, vocab_start)
+    ctx.set_materialize_grads(False)
+    ctx.device_type = hidden.device.type
+    return logprobs, entropy
+
+
+def _backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> Any:
+    hidden, weight, targets, lse_all, entropy = ctx.saved_tensors
+    temperature, chunk, group, vocab_start = ctx.settings
+    none = (None,) * 5
+    if grad_logprobs is None and grad_entropy is None:
+        return (None, None, *none)
+    grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+    grad_weight = (
+        torch.zeros(weight.shape, dtype=lse_all.dtype, device=weight.device)
+        if ctx.needs_input_grad[1]
+        else None
+    )
+    vocab = weight.shape[0]
+    for a in range(0, hidden.shape[0], chunk):
+        b = min(a + chunk, hidden.shape[0])
+        h = hidden[a:b]
+        z = _scaled_logits(h, weight, temperature)
+        logp = z - lse_all[a:b, None]
+        p = logp.exp()
+        # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H).
+        grad_z = torch.zeros_like(z)
+        if grad_logprobs is not None:
+            g = grad_logprobs[a:b].to(z.dtype)
+            grad_z -= g[:, None] * p
+            local = targets[a:b] - vocab_start
+            inside = (local >= 0) & (local < vocab)
+            rows = torch.nonzero(inside)[:, 0]
+            grad_z[rows, local[rows]] += g[rows]
+        if grad_entropy is not None:
+            g = grad_entropy[a:b].to(z.dtype)
+            grad_z -= g[:, None] * p * (logp + entropy[a:b, None])
+        if temperature != 1.0:
+            grad_z = grad_z / temperature
+        grad_z = grad_z.to(weight.dtype)
         if grad_hidden is not None:
-            # The hidden states feed every vocab shard: their gradient is the sum over shards.
-            _all_reduce(grad_hidden, group)
+            grad_hidden[a:b] = grad_z @ weight
         if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return (grad_hidden, grad_weight, *none)
+            grad_weight += grad_z.t() @ h
+    if grad_hidden is not None:
+        # The hidden states feed every vocab shard: their gradient is the sum over shards.
+        _all_reduce(grad_hidden, group)
+    if grad_weight is not None:
+        grad_weight = grad_weight.to(weight.dtype)
+    return (grad_hidden, grad_weight, *none)

@@ -99,28 +99,56 @@ class TorchTrainer(Trainer):
             return contextlib.nullcontext()  # FSDP2's policy casts, or nothing to cast
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def _logits(self, inputs: PackedInputs) -> torch.Tensor:
-        """Float32 logits ``[T, V]`` of a packed row, divided by the rollout temperature."""
-        with self._autocast():
-            out = self.model(
-                input_ids=inputs.input_ids.to(self.device),
-                position_ids=inputs.position_ids.to(self.device),
-                # A cache would make transformers skip packed-sequence detection and let
-                # attention cross sequence boundaries.
-                use_cache=False,
-            )
-        logits = out.logits[0].float()
-        if self.config.rollout_temperature != 1.0:
-            logits = logits / self.config.rollout_temperature
-        return logits
+    def _token_logprobs_and_entropy(
+        self, inputs: PackedInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Through the model's own forward (FSDP2 gathers the output weight there), with the
+        output layer's forward swapped for that call by the chunked kernel: no ``[T, V]``
+        logits. Hidden states and weight enter it in the compute dtype."""
+        import torch
 
-    def _target_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
+        from vime.training.output_logprobs import token_logprobs_and_entropy
 
-    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
-        from vime.algorithms.kl import entropy_from_logits
+        head = self.model.get_output_embeddings()
+        targets = inputs.input_ids[0, 1:].to(self.device)
+        temperature = self.config.rollout_temperature
+        plain = isinstance(head, torch.nn.Linear) and head.bias is None
+        original = head.forward
+        entropy: list[torch.Tensor] = []
 
-        return entropy_from_logits(logits)
+        def logprobs_and_entropy(hidden: torch.Tensor) -> torch.Tensor:
+            h = hidden[0, :-1]
+            if plain:
+                lp, ent = token_logprobs_and_entropy(
+                    h.to(self.compute_dtype),
+                    head.weight.to(self.compute_dtype),
+                    targets,
+                    temperature=temperature,
+                )
+            else:  # an adapted output layer (LoRA on lm_head): its own logits
+                from vime.algorithms.kl import entropy_from_logits
+
+                z = original(h).float() / temperature
+                lp = z.gather(-1, targets[:, None])[:, 0] - z.logsumexp(-1)
+                ent = entropy_from_logits(z)
+            # The logprobs leave as the "logits", so FSDP2's hooks on the output see the
+            # backward; the entropy gets a gradient only if a loss uses it.
+            entropy.append(ent)
+            return lp[None, :, None]
+
+        head.forward = logprobs_and_entropy
+        try:
+            with self._autocast():
+                out = self.model(
+                    input_ids=inputs.input_ids.to(self.device),
+                    position_ids=inputs.position_ids.to(self.device),
+                    # A cache would make transformers skip packed-sequence detection and let
+                    # attention cross sequence boundaries.
+                    use_cache=False,
+                )
+        finally:
+            del head.forward  # the class's forward again
+        return out.logits[0, :, 0], entropy[0]
 
     # ---- gradients and the optimizer -------------------------------------------------------
 

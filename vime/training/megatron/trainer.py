@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from vime.errors import ConfigError
 from vime.training import checkpoint as ckpt
@@ -210,9 +209,14 @@ class MegatronTrainer(Trainer):
 
     # ---- forward ---------------------------------------------------------------------------
 
-    def _logits(self, inputs: PackedInputs) -> torch.Tensor:
-        """Float32 logits ``[T, V / tp]`` of a packed row, divided by the rollout temperature."""
+    def _token_logprobs_and_entropy(
+        self, inputs: PackedInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's last (normalised) hidden states and the output weight (this rank's
+        vocabulary shard) through the chunked, vocab-parallel kernel: no ``[T, V]`` logits."""
         from megatron.core.packed_seq_params import PackedSeqParams
+
+        from vime.training.output_logprobs import token_logprobs_and_entropy
 
         packed = None
         cu = inputs.cu_seqlens
@@ -227,39 +231,32 @@ class MegatronTrainer(Trainer):
                 max_seqlen_q=longest,
                 max_seqlen_kv=longest,
             )
-        logits = self.model(
-            input_ids=inputs.input_ids.to(self.device),
-            position_ids=inputs.position_ids.to(self.device),
-            attention_mask=None,
-            packed_seq_params=packed,
+        gpt = self.module
+        # Without post_process GPTModel returns the decoder's hidden states [s, b, h] (after the
+        # final norm) instead of running its output layer.
+        gpt.post_process = False
+        try:
+            hidden = self.model(
+                input_ids=inputs.input_ids.to(self.device),
+                position_ids=inputs.position_ids.to(self.device),
+                attention_mask=None,
+                packed_seq_params=packed,
+            )
+        finally:
+            gpt.post_process = True
+        if gpt.share_embeddings_and_output_weights:
+            weight = gpt.shared_embedding_or_output_weight()
+        else:
+            weight = gpt.output_layer.weight
+        tp = self.mcfg.tensor_model_parallel_size
+        return token_logprobs_and_entropy(
+            hidden[:-1, 0],
+            weight,
+            inputs.input_ids[0, 1:].to(self.device),
+            temperature=self.config.rollout_temperature,
+            group=self.tp_group if tp > 1 else None,
+            vocab_start=self.tp_rank * weight.shape[0],
         )
-        logits = logits[0].float()
-        if self.config.rollout_temperature != 1.0:
-            logits = logits / self.config.rollout_temperature
-        return logits
-
-    def _target_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self.mcfg.tensor_model_parallel_size == 1:
-            return -F.cross_entropy(logits, targets, reduction="none")
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-        # It subtracts the row maximum in place: give it its own copy.
-        return -vocab_parallel_cross_entropy(logits.clone(), targets)
-
-    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
-        """Per-row entropy; over the vocabulary shards (no gradient) when TP > 1."""
-        from vime.algorithms.kl import entropy_from_logits
-
-        if self.mcfg.tensor_model_parallel_size == 1:
-            return entropy_from_logits(logits)
-        with torch.no_grad():
-            top = logits.max(-1).values
-            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=self.tp_group)
-            shifted = logits - top[:, None]
-            exp = shifted.exp()
-            stats = torch.stack([exp.sum(-1), (exp * shifted).sum(-1)])
-            dist.all_reduce(stats, group=self.tp_group)
-            return stats[0].log() - stats[1] / stats[0]
 
     # ---- the MoE auxiliary loss ------------------------------------------------------------
 
