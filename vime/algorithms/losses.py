@@ -220,9 +220,9 @@ def aggregate_loss(
         )
     m = mask.to(per_token.dtype)
     masked = per_token * m
-    local_tokens, local_seqs = count_loss_units(mask)
     if mode == "token-mean":
-        denom = local_tokens if num_tokens is None else num_tokens
+        # count_loss_units reads back to the host: only when no normaliser is given.
+        denom = count_loss_units(mask)[0] if num_tokens is None else num_tokens
         return masked.sum() / max(denom, 1)
     if mode == "seq-mean-token-sum":
         seq = masked.sum(dim=1)
@@ -230,5 +230,5 @@ def aggregate_loss(
         seq = masked.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
     else:
         raise ValueError(f"aggregate_loss: unknown mode {mode!r}; choose one of {AGG_MODES}")
-    denom = local_seqs if num_seqs is None else num_seqs
+    denom = count_loss_units(mask)[1] if num_seqs is None else num_seqs
     return seq.sum() / max(denom, 1)

@@ -85,18 +85,36 @@ def mismatch_metrics(
     pi_trainer)``. The KL terms clamp the log-ratio to +-20; the abs diffs do not.
     All 0.0 when the mask is empty.
     """
+    return tensor_metrics_to_floats(
+        mismatch_metric_tensors(trainer_logprobs, rollout_logprobs, mask)
+    )
+
+
+def mismatch_metric_tensors(
+    trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor
+) -> dict[str, Tensor]:
+    """:func:`mismatch_metrics` as float64 0-d tensors on the inputs' device, computed without
+    reading anything back to the host (a trainer reads all its metrics once per step)."""
     active = mask.bool()
-    count = int(active.sum())
-    if count == 0:
-        return dict.fromkeys(
-            ("mismatch/abs_diff_mean", "mismatch/abs_diff_max", "mismatch/kl_k3", "mismatch/kl_k1"),
-            0.0,
-        )
-    abs_diff = (trainer_logprobs.detach() - rollout_logprobs.detach()).double()[active].abs()
-    log_r = _log_ratio(trainer_logprobs, rollout_logprobs, mask).double()[active]
+    count = active.sum()
+    denom = count.clamp(min=1).double()
+    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+    abs_diff = (trainer_logprobs.detach() - rollout_logprobs.detach()).double().abs()
+    log_r = _log_ratio(trainer_logprobs, rollout_logprobs, mask).double()
+    # where(), not multiplication by the mask: an inf outside the mask must not become nan.
     return {
-        "mismatch/abs_diff_mean": float(abs_diff.mean()),
-        "mismatch/abs_diff_max": float(abs_diff.max()),
-        "mismatch/kl_k3": float((torch.expm1(log_r) - log_r).mean()),
-        "mismatch/kl_k1": float((-log_r).mean()),
+        "mismatch/abs_diff_mean": torch.where(active, abs_diff, zero).sum() / denom,
+        "mismatch/abs_diff_max": torch.where(active, abs_diff, zero).amax()
+        if abs_diff.numel()
+        else zero,
+        "mismatch/kl_k3": torch.where(active, torch.expm1(log_r) - log_r, zero).sum() / denom,
+        "mismatch/kl_k1": torch.where(active, -log_r, zero).sum() / denom,
     }
+
+
+def tensor_metrics_to_floats(metrics: dict[str, Tensor]) -> dict[str, float]:
+    """Python floats of 0-d metric tensors, read back in one device-to-host copy."""
+    if not metrics:
+        return {}
+    values = torch.stack([v.detach().double().reshape(()) for v in metrics.values()]).tolist()
+    return dict(zip(metrics, values, strict=True))

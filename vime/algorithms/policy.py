@@ -9,8 +9,9 @@ from vime.algorithms.config import LossConfig
 from vime.algorithms.kl import kl_estimate
 from vime.algorithms.losses import aggregate_loss, count_loss_units, gspo_loss, ppo_clip_loss
 from vime.algorithms.offpolicy import (
-    mismatch_metrics,
+    mismatch_metric_tensors,
     sequence_keep_mask,
+    tensor_metrics_to_floats,
     truncated_importance_weights,
 )
 
@@ -27,8 +28,10 @@ def _check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
             )
 
 
-def _masked_mean(values: Tensor, mask: Tensor, count: int) -> float:
-    return float((values.double() * mask).sum() / count) if count else 0.0
+def _masked_mean(values: Tensor, mask: Tensor, count: Tensor) -> Tensor:
+    # 0 for an empty mask; where() keeps a masked-out inf/nan out of the mean.
+    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+    return torch.where(mask > 0, values.double() * mask, zero).sum() / count.clamp(min=1)
 
 
 def policy_loss(
@@ -44,7 +47,37 @@ def policy_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Scalar loss to minimise, and float metrics, for one (micro-)batch of ``[B, T]`` tensors.
+    """Scalar loss to minimise, and float metrics, for one (micro-)batch of ``[B, T]`` tensors:
+    :func:`policy_loss_tensors` with its metrics read back to the host (one copy)."""
+    loss, metrics = policy_loss_tensors(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        config,
+        rollout_logprobs=rollout_logprobs,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+    )
+    return loss, tensor_metrics_to_floats(metrics)
+
+
+def policy_loss_tensors(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    config: LossConfig,
+    *,
+    rollout_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Scalar loss to minimise, and metrics, for one (micro-)batch of ``[B, T]`` tensors.
 
     ``loss = agg( w_t * L^clip_t + kl_loss_coef * KL_t - entropy_coef * H_t )`` over the loss
     mask, where ``L^clip`` is :func:`~vime.algorithms.losses.ppo_clip_loss` or
@@ -62,6 +95,10 @@ def policy_loss(
     inputs also ``policy/kl_loss``, ``policy/entropy``, ``policy/tis_weight_mean``,
     ``policy/tis_clipfrac``, ``policy/seq_masked_frac`` and ``mismatch/*`` from
     :func:`~vime.algorithms.offpolicy.mismatch_metrics`.
+
+    Each metric is a float64 0-d tensor on the inputs' device, and nothing here reads a value
+    back to the host: a trainer folds the micro-batches' metrics on the device and reads them
+    once per step, so the GPU never waits for the CPU inside a step.
     """
     _check_shapes(
         mask,
@@ -96,14 +133,15 @@ def policy_loss(
         for t in (old_logprobs, advantages, rollout_logprobs, ref_logprobs, entropy)
     )
     old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
-    local_tokens, local_seqs = count_loss_units(mask)
-    num_tokens = local_tokens if num_tokens is None else num_tokens
-    num_seqs = local_seqs if num_seqs is None else num_seqs
+    if num_tokens is None or num_seqs is None:  # host counts only when no normaliser is given
+        local_tokens, local_seqs = count_loss_units(mask)
+        num_tokens = local_tokens if num_tokens is None else num_tokens
+        num_seqs = local_seqs if num_seqs is None else num_seqs
     loss_mask = mask.to(logprobs.dtype)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, Tensor] = {}
 
     if rollout_logprobs is not None:
-        metrics.update(mismatch_metrics(old, rollout_logprobs, mask))
+        metrics.update(mismatch_metric_tensors(old, rollout_logprobs, mask))
         if config.uses_sequence_mask:
             keep = sequence_keep_mask(
                 old,
@@ -114,7 +152,8 @@ def policy_loss(
                 token_low=config.seq_mask_token_low,
                 token_high=config.seq_mask_token_high,
             )
-            metrics["policy/seq_masked_frac"] = float((~keep).sum()) / max(local_seqs, 1)
+            seqs = (mask.sum(dim=-1) > 0).sum().clamp(min=1).double()
+            metrics["policy/seq_masked_frac"] = (~keep).sum().double() / seqs
             loss_mask = loss_mask * keep[:, None].to(loss_mask.dtype)
 
     surrogate = gspo_loss if config.policy_loss == "gspo" else ppo_clip_loss
@@ -145,20 +184,23 @@ def policy_loss(
 
     with torch.no_grad():
         active = loss_mask.bool()
-        count = int(active.sum())
+        count = active.sum()
+        denom = count.clamp(min=1).double()
         lm = loss_mask.double()
         log_ratio = torch.log(out.ratio.double())
+        lowest = torch.full((), -torch.inf, dtype=out.ratio.dtype, device=out.ratio.device)
+        ratio_max = torch.where(active, out.ratio, lowest).amax() if active.numel() else lowest
         metrics.update(
             {
-                "policy/loss": float(loss),
+                "policy/loss": loss.detach().double(),
                 "policy/pg_loss": _masked_mean(per_token, lm, count),
-                "policy/clipfrac_low": float(out.clipped_low.sum()) / max(count, 1),
-                "policy/clipfrac_high": float(out.clipped_high.sum()) / max(count, 1),
-                "policy/clipfrac_dual": float(out.clipped_dual.sum()) / max(count, 1),
+                "policy/clipfrac_low": out.clipped_low.sum().double() / denom,
+                "policy/clipfrac_high": out.clipped_high.sum().double() / denom,
+                "policy/clipfrac_dual": out.clipped_dual.sum().double() / denom,
                 "policy/approx_kl": _masked_mean(torch.expm1(log_ratio) - log_ratio, lm, count),
                 "policy/ratio_mean": _masked_mean(out.ratio, lm, count),
-                "policy/ratio_max": float(out.ratio[active].max()) if count else 0.0,
-                "policy/num_tokens": float(count),
+                "policy/ratio_max": torch.where(count > 0, ratio_max.double(), 0.0),
+                "policy/num_tokens": count.double(),
             }
         )
         if kl is not None:
@@ -168,5 +210,5 @@ def policy_loss(
         if config.tis_cap is not None:
             metrics["policy/tis_weight_mean"] = _masked_mean(weights, lm, count)
             capped = (weights >= config.tis_cap) & active
-            metrics["policy/tis_clipfrac"] = float(capped.sum()) / max(count, 1)
+            metrics["policy/tis_clipfrac"] = capped.sum().double() / denom
     return loss, metrics

@@ -301,7 +301,7 @@ class Trainer(abc.ABC):
         import torch
         from torch.nn.utils.rnn import pad_sequence
 
-        from vime.algorithms.policy import policy_loss
+        from vime.algorithms.policy import policy_loss_tensors
         from vime.training.packing import pack_inputs, unpack_shifted
 
         inputs = pack_inputs(samples, mb)
@@ -318,7 +318,8 @@ class Trainer(abc.ABC):
         entropy = pad_sequence(unpack_shifted(token_entropy, inputs.cu_seqlens), batch_first=True)
         mask = _padded(chosen, "loss_mask", self.device)
         assert mask is not None  # every sample has a loss mask
-        loss, metrics = policy_loss(
+        # Metrics stay on the device; ``sums`` reads them once, at the end of the step.
+        loss, metrics = policy_loss_tensors(
             pad_sequence(per_seq, batch_first=True),
             _padded(chosen, "old_logprobs", self.device),
             _padded(chosen, "advantages", self.device),
@@ -413,4 +414,8 @@ def _padded(samples: list[TrainSample], field: str, device: Any) -> torch.Tensor
             f"some samples have {field} and some do not; give it to all or none of them"
         )
     rows = [torch.tensor(v, dtype=torch.float32) for v in values]
-    return pad_sequence(rows, batch_first=True).to(device)
+    padded = pad_sequence(rows, batch_first=True)
+    if torch.device(device).type == "cuda":
+        # A copy from pageable memory makes torch wait for the whole stream: pinned, it doesn't.
+        return padded.pin_memory().to(device, non_blocking=True)
+    return padded.to(device)
