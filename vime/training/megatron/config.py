@@ -1,5 +1,5 @@
 """Megatron's own flags (TP/PP/DP/EP layout, distributed optimizer, precision, recompute, MoE
-aux loss), typed.
+aux loss, SwiGLU fusion), typed.
 
 They arrive as passthrough arguments, spelled as Megatron spells them
 (``--tensor-model-parallel-size 2 --use-distributed-optimizer --bf16``), and are parsed once
@@ -32,6 +32,8 @@ class MegatronConfig:
     overlap_grad_reduce: bool = False
     expert_model_parallel_size: int = 1
     moe_aux_loss_coeff: float = 0.0
+    # Megatron's fused SwiGLU (one kernel each way, through torch.compile on first use).
+    bias_swiglu_fusion: bool = False
 
     def __post_init__(self) -> None:
         if self.expert_model_parallel_size < 1:
@@ -108,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context-parallel-size", type=int, default=1)
     p.add_argument("--expert-model-parallel-size", type=int, default=1)
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    p.add_argument("--bias-swiglu-fusion", action="store_true")
     return p
 
 
@@ -120,7 +123,7 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
             "--tensor-model-parallel-size, --pipeline-model-parallel-size, "
             "--use-distributed-optimizer, --bf16, --recompute-granularity, --recompute-method, "
             "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce, "
-            "--expert-model-parallel-size, --moe-aux-loss-coeff"
+            "--expert-model-parallel-size, --moe-aux-loss-coeff, --bias-swiglu-fusion"
         )
     if known.fp16:
         raise ConfigError("--fp16 is not supported by the Megatron backend; use --bf16")
@@ -149,4 +152,5 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
         overlap_grad_reduce=known.overlap_grad_reduce,
         expert_model_parallel_size=known.expert_model_parallel_size,
         moe_aux_loss_coeff=known.moe_aux_loss_coeff,
+        bias_swiglu_fusion=known.bias_swiglu_fusion,
     )

@@ -100,7 +100,7 @@ class SDPAttention(torch.nn.Module):
         if attention_bias is not None:
             raise ValueError("SDPAttention does not take an attention bias")
         if packed_seq_params is not None:
-            bounds = packed_seq_params.cu_seqlens_q.tolist()
+            bounds = host_bounds(packed_seq_params)
             outs = [
                 self._sdpa(query[None, a:b], key[None, a:b], value[None, a:b])[0]
                 for a, b in itertools.pairwise(bounds)
@@ -109,6 +109,17 @@ class SDPAttention(torch.nn.Module):
             return out.reshape(out.shape[0], -1)
         out = self._sdpa(*(t.transpose(0, 1) for t in (query, key, value)))
         return out.transpose(0, 1).reshape(query.shape[0], query.shape[1], -1)
+
+
+def host_bounds(packed_seq_params: Any) -> list[int]:
+    """The packed sequences' bounds as Python ints: those the trainer attached to the params
+    (``vime_host_bounds``), else read from the device once and kept there, so the layers of
+    a forward do not each wait for the GPU to read them."""
+    bounds = getattr(packed_seq_params, "vime_host_bounds", None)
+    if bounds is None:
+        bounds = packed_seq_params.cu_seqlens_q.tolist()
+        packed_seq_params.vime_host_bounds = bounds
+    return bounds
 
 
 def layer_spec(arch: GPTArch) -> Any:
@@ -224,9 +235,10 @@ def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool)
         tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
         pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
         sequence_parallel=False,
-        # The fusions below need TransformerEngine or Apex kernels this backend does not use.
+        # megatron-core's SwiGLU fusion is torch.compile'd torch code (--bias-swiglu-fusion);
+        # the other fusions need TransformerEngine or Apex kernels this backend does not use.
+        bias_activation_fusion=mcfg.bias_swiglu_fusion,
         apply_rope_fusion=False,
-        bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,

@@ -231,6 +231,7 @@ class MegatronTrainer(Trainer):
                 max_seqlen_q=longest,
                 max_seqlen_kv=longest,
             )
+            packed.vime_host_bounds = list(cu)  # SDPAttention splits on the host
         gpt = self.module
         # Without post_process GPTModel returns the decoder's hidden states [s, b, h] (after the
         # final norm) instead of running its output layer.
