@@ -1,4 +1,8 @@
-"""Qwen3 dense model shapes (random weights) for GPU benchmarks: HF configs without a download."""
+"""Qwen3 model shapes (random weights) for GPU benchmarks: HF configs without a download.
+
+Dense shapes follow the released Qwen3 models (tied embeddings); ``qwen3-moe-*`` shapes are
+small Qwen3-MoE models (untied embeddings, as the released MoE models) for MoE throughput.
+"""
 
 from __future__ import annotations
 
@@ -25,25 +29,57 @@ QWEN3_SHAPES: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32,
         "intermediate_size": 9728,
     },
+    # 12 layers of 16 experts, 2 per token: ~2.6B weights, ~0.9B active per token.
+    "qwen3-moe-16x2": {
+        "hidden_size": 2048,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 16,
+        "intermediate_size": 6144,
+        "num_experts": 16,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1536,
+        "norm_topk_prob": True,
+    },
+    # The same layout at test size, for a CPU check of the bench's MoE path.
+    "qwen3-moe-tiny": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 96,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "head_dim": 16,
+        "vocab_size": 128,
+    },
 }
 
 
 def qwen3_config(name: str) -> Any:
-    """A transformers ``Qwen3Config`` shaped like the released model ``name`` (tied embeddings)."""
-    from transformers import Qwen3Config
+    """A transformers ``Qwen3Config`` shaped like the released model ``name`` (tied embeddings),
+    or a ``Qwen3MoeConfig`` for the ``qwen3-moe-*`` shapes (untied)."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
 
     if name not in QWEN3_SHAPES:
         raise ValueError(f"unknown shape {name!r}; choose one of {sorted(QWEN3_SHAPES)}")
-    return Qwen3Config(
-        vocab_size=151936,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
+    moe = "num_experts" in QWEN3_SHAPES[name]
+    fields: dict[str, Any] = {
+        "vocab_size": 151936,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": not moe,
         **QWEN3_SHAPES[name],
-    )
+    }
+    if moe:
+        fields["num_key_value_heads"] = min(
+            fields["num_key_value_heads"], fields["num_attention_heads"]
+        )
+        return Qwen3MoeConfig(**fields)
+    return Qwen3Config(**fields)
 
 
 def write_config_folder(name: str, folder: str | Path) -> Path:

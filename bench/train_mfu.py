@@ -11,6 +11,13 @@ megatron runs also time ``export_weights`` into pinned CPU memory.
 
     python bench/train_mfu.py --models qwen3-1.7b,qwen3-4b --backends plain,megatron,torch \
         --seq-len 4096 --out results.json
+    python bench/train_mfu.py --models qwen3-moe-16x2 --backends megatron \
+        --megatron-args "--use-distributed-optimizer --moe-aux-loss-coeff 0.001"
+
+On the device machine: install the carried wheels (megatron-core and its pure-Python needs)
+into a folder on PYTHONPATH with the checkout, and link envs/, agents/ and sandboxes/ as
+vime/envs etc. (the package layout setup.py maps); run ``../shared/bench/hf_train_baseline.py``
+(carried as an untracked copy) in the same call for the reference baseline.
 """
 
 from __future__ import annotations
@@ -45,10 +52,15 @@ def matmul_tflops(n: int = 8192, iters: int = 10) -> float:
 
 
 def flops_per_token(arch: Any, seq_len: int) -> float:
-    """Training FLOPs of one token: ``6 N_matmul + 6 L s q`` (causal attention)."""
+    """Training FLOPs of one token: ``6 N_matmul + 6 L s q`` (causal attention); for an MoE
+    model ``N_matmul`` counts the router and the ``top-k`` experts a token runs through."""
     h, d = arch.hidden_size, arch.head_dim
     q, kv = arch.num_heads * d, arch.num_kv_heads * d
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * arch.ffn_hidden_size
+    if arch.is_moe:
+        mlp = arch.moe_topk * 3 * h * arch.moe_ffn_hidden_size + h * arch.num_experts
+    else:
+        mlp = 3 * h * arch.ffn_hidden_size
+    per_layer = h * (q + 2 * kv) + q * h + mlp
     n_matmul = arch.num_layers * per_layer + arch.vocab_size * h
     return 6 * n_matmul + 6 * arch.num_layers * seq_len * q
 
@@ -262,9 +274,10 @@ def main() -> None:
     p.add_argument(
         "--backends",
         default="plain,megatron+export,torch",
-        help="comma-separated variants: backend[+cudnn][+pack2][+profile][+export]; backend "
+        help="comma-separated variants: backend[+cudnn][+pack2][+swiglu][+profile][+export]; backend "
         "plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
-        "cuDNN attention first; pack2: two sequences per micro-batch; export: time "
+        "cuDNN attention first; pack2: two sequences per micro-batch; swiglu: megatron's fused "
+        "SwiGLU (--bias-swiglu-fusion); export: time "
         "export_weights; profile: print a kernel profile of one step)",
     )
     p.add_argument("--seq-len", type=int, default=4096)
@@ -293,8 +306,10 @@ def main() -> None:
             backend, *opts = variant.split("+")
             cmd = [sys.executable, __file__, "--child", "--model", model, "--backend", backend]
             cmd += [f"--variant={variant}"]
-            for flag in ("seq_len", "samples", "warmup", "steps", "megatron_args"):
+            for flag in ("seq_len", "samples", "warmup", "steps"):
                 cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
+            fused = " --bias-swiglu-fusion" if "swiglu" in opts else ""
+            cmd += [f"--megatron-args={args.megatron_args}{fused}"]
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
             cmd += ["--pack=2"] if "pack2" in opts else []
             cmd += ["--profile"] if "profile" in opts else []
@@ -318,17 +333,17 @@ def main() -> None:
         if "error" not in r and r["model"] in baseline:
             r["vs_plain"] = r["tokens_per_s"] / baseline[r["model"]]["tokens_per_s"]
     print(
-        f"\n{'model':12} {'backend':9} {'tok/s':>8} {'TFLOP/s':>8} {'MFU@790':>8} "
+        f"\n{'model':14} {'variant':16} {'tok/s':>8} {'TFLOP/s':>8} {'MFU@790':>8} "
         f"{'MFU@meas':>8} {'peak GB':>8} {'x plain':>8} {'export GB/s':>11}"
     )
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:12} {r['backend']:24} failed")
+            print(f"{r['model']:14} {r['backend']:16} failed")
             continue
         exp = f"{r['export_gbps']:.1f}" if "export_gbps" in r else "-"
         ratio = f"{r['vs_plain']:.2f}x" if "vs_plain" in r else "-"
         print(
-            f"{r['model']:12} {r['backend']:9} {r['tokens_per_s']:8.0f} {r['tflops']:8.0f} "
+            f"{r['model']:14} {r['variant']:16} {r['tokens_per_s']:8.0f} {r['tflops']:8.0f} "
             f"{r['mfu_790']:8.1%} {r['mfu_measured']:8.1%} {r['peak_gb']:8.1f} {ratio:>8} "
             f"{exp:>11}"
         )
