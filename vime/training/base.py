@@ -131,6 +131,7 @@ class Trainer(abc.ABC):
     dp_rank: int = 0  # rank among the data-parallel replicas (which share of a batch)
     dp_size: int = 1
     dp_group: Any = None  # process group of the data-parallel replicas (None: the default)
+    last_stage: bool = True  # computes the outputs (False before a pipeline's last stage)
 
     def __init__(self, config: TrainerConfig, loss: LossConfig | None = None) -> None:
         from vime.algorithms.config import LossConfig
@@ -210,7 +211,7 @@ class Trainer(abc.ABC):
                 inputs = pack_inputs(batch.samples, mb)
                 token_logprobs, _ = self._token_logprobs_and_entropy(inputs)
                 logprobs = unpack_shifted(token_logprobs, inputs.cu_seqlens)
-                if not mb.dummy:
+                if not mb.dummy and self.last_stage:
                     for i, lp in zip(mb.indices, logprobs, strict=True):
                         mine[i] = lp.float().cpu()
         return self._gathered(mine, len(batch))
@@ -414,8 +415,18 @@ def _padded(samples: list[TrainSample], field: str, device: Any) -> torch.Tensor
             f"some samples have {field} and some do not; give it to all or none of them"
         )
     rows = [torch.tensor(v, dtype=torch.float32) for v in values]
-    padded = pad_sequence(rows, batch_first=True)
+    return host_to_device(pad_sequence(rows, batch_first=True), device)
+
+
+def host_to_device(tensor: torch.Tensor, device: Any) -> torch.Tensor:
+    """``tensor`` (on the CPU) copied to ``device`` without making the host wait for the GPU.
+
+    torch's blocking copy from pageable memory synchronises the whole stream, so each input
+    sent inside a step would wait for all queued kernels; to a CUDA device the copy goes
+    through pinned memory, asynchronously (the pinned buffer is kept until the copy is done).
+    """
+    import torch
+
     if torch.device(device).type == "cuda":
-        # A copy from pageable memory makes torch wait for the whole stream: pinned, it doesn't.
-        return padded.pin_memory().to(device, non_blocking=True)
-    return padded.to(device)
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

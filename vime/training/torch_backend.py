@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vime.training import checkpoint as ckpt
-from vime.training.base import Trainer, TrainerConfig
+from vime.training.base import Trainer, TrainerConfig, host_to_device
 from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from vime.training.packing import PackedInputs
 
@@ -110,7 +110,7 @@ class TorchTrainer(Trainer):
         from vime.training.output_logprobs import token_logprobs_and_entropy
 
         head = self.model.get_output_embeddings()
-        targets = inputs.input_ids[0, 1:].to(self.device)
+        targets = host_to_device(inputs.input_ids[0, 1:], self.device)
         temperature = self.config.rollout_temperature
         plain = isinstance(head, torch.nn.Linear) and head.bias is None
         original = head.forward
@@ -140,8 +140,8 @@ class TorchTrainer(Trainer):
         try:
             with self._autocast():
                 out = self.model(
-                    input_ids=inputs.input_ids.to(self.device),
-                    position_ids=inputs.position_ids.to(self.device),
+                    input_ids=host_to_device(inputs.input_ids, self.device),
+                    position_ids=host_to_device(inputs.position_ids, self.device),
                     # A cache would make transformers skip packed-sequence detection and let
                     # attention cross sequence boundaries.
                     use_cache=False,

@@ -18,10 +18,11 @@ import torch.distributed as dist
 
 from vime.errors import ConfigError
 from vime.training import checkpoint as ckpt
-from vime.training.base import Trainer, TrainerConfig
+from vime.training.base import Trainer, TrainerConfig, host_to_device
 from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from vime.training.megatron.arch import GPTArch, arch_from_hf_config
 from vime.training.megatron.config import MegatronConfig, Role, parse_megatron_args
+from vime.training.megatron.pipeline import PipelineStage, to_global_layer
 from vime.training.megatron.convert import (
     expert_to_global,
     hf_to_megatron,
@@ -112,6 +113,17 @@ class MegatronTrainer(Trainer):
                 "supported by the Megatron backend yet; split the experts with "
                 "--expert-model-parallel-size instead"
             )
+        pp = mcfg.pipeline_model_parallel_size
+        if pp > 1 and self.arch.is_moe:
+            raise ConfigError(
+                f"--pipeline-model-parallel-size {pp} with a mixture-of-experts model is not "
+                "supported by the Megatron backend yet; use --expert-model-parallel-size"
+            )
+        if self.arch.num_layers % pp:
+            raise ConfigError(
+                f"--pipeline-model-parallel-size {pp} must divide the model's "
+                f"{self.arch.num_layers} layers (each stage holds an equal share)"
+            )
         if tp > 1 and self.loss_config.entropy_coef > 0:
             raise ConfigError(
                 f"--entropy-coef {self.loss_config.entropy_coef} needs the full-vocabulary "
@@ -139,6 +151,8 @@ class MegatronTrainer(Trainer):
         )
         torch.manual_seed(config.seed)
         self.model = build_gpt_model(self.arch, mcfg, initialize=not load_weights)
+        self.stage = PipelineStage.current(self.model.config)
+        self.last_stage = self.stage.last
         if load_weights:
             self._load_hf_weights()
         self.module: Any = self.model  # the GPTModel itself (unwrapped)
@@ -169,8 +183,13 @@ class MegatronTrainer(Trainer):
                 param.copy_(piece)
 
     def _global_name(self, name: str) -> str:
-        """A parameter's name in the full state dict (its expert's global index under EP)."""
-        return expert_to_global(name, self.ep_rank, self.experts_per_rank)
+        """A parameter's name in the full state dict: its expert's global index under EP, its
+        layer's global index under PP; a later stage's copy of tied embeddings is the word
+        embedding."""
+        if name == "output_layer.weight" and self.arch.tied_embeddings:
+            return "embedding.word_embeddings.weight"
+        name = expert_to_global(name, self.ep_rank, self.experts_per_rank)
+        return to_global_layer(name, self.stage.offset)
 
     def _build_optimizer(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -222,7 +241,7 @@ class MegatronTrainer(Trainer):
         cu = inputs.cu_seqlens
         if len(cu) > 2:
             # Several sequences: attention and RoPE restart at each bound (Megatron's thd path).
-            bounds = torch.tensor(cu, dtype=torch.int32, device=self.device)
+            bounds = host_to_device(torch.tensor(cu, dtype=torch.int32), self.device)
             longest = max(b - a for a, b in itertools.pairwise(cu))
             packed = PackedSeqParams(
                 qkv_format="thd",
@@ -233,18 +252,28 @@ class MegatronTrainer(Trainer):
             )
             packed.vime_host_bounds = list(cu)  # SDPAttention splits on the host
         gpt = self.module
+        if not self.stage.first:
+            shape = (inputs.input_ids.shape[1], 1, self.arch.hidden_size)
+            dtype = gpt.config.params_dtype
+            gpt.set_input_tensor(self.stage.receive_hidden(shape, dtype, self.device))
         # Without post_process GPTModel returns the decoder's hidden states [s, b, h] (after the
         # final norm) instead of running its output layer.
         gpt.post_process = False
         try:
             hidden = self.model(
-                input_ids=inputs.input_ids.to(self.device),
-                position_ids=inputs.position_ids.to(self.device),
+                input_ids=host_to_device(inputs.input_ids, self.device),
+                position_ids=host_to_device(inputs.position_ids, self.device),
                 attention_mask=None,
                 packed_seq_params=packed,
             )
         finally:
             gpt.post_process = True
+        if not self.stage.last:
+            # The last stage computes the outputs; this one passes its hidden states on.
+            self.stage.send_hidden(hidden)
+            self._stage_output = hidden
+            none = torch.zeros(hidden.shape[0] - 1, device=self.device)
+            return none, none
         if gpt.share_embeddings_and_output_weights:
             weight = gpt.shared_embedding_or_output_weight()
         else:
@@ -253,7 +282,7 @@ class MegatronTrainer(Trainer):
         return token_logprobs_and_entropy(
             hidden[:-1, 0],
             weight,
-            inputs.input_ids[0, 1:].to(self.device),
+            host_to_device(inputs.input_ids[0, 1:], self.device),
             temperature=self.config.rollout_temperature,
             group=self.tp_group if tp > 1 else None,
             vocab_start=self.tp_rank * weight.shape[0],
@@ -265,7 +294,9 @@ class MegatronTrainer(Trainer):
         """See :meth:`Trainer.train_step`; MoE models add ``--moe-aux-loss-coeff`` times the
         routers' load-balancing loss (:meth:`_micro_batch_loss` says how it is weighted)."""
         self._step_tokens = max(batch.num_tokens, 1)
-        return super().train_step(batch)
+        metrics = super().train_step(batch)
+        # Loss and policy metrics exist on the last pipeline stage only.
+        return self.stage.from_last(metrics)
 
     def _micro_batch_loss(self, samples: Any, mb: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The base micro-batch loss; for an MoE model, also sets the weight of the load-balancing
@@ -284,7 +315,14 @@ class MegatronTrainer(Trainer):
             from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
             scale = 0.0 if mb.dummy else 1.0 / self._step_tokens
-            MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale, device=self.device))
+            # A fill kernel, not a host-to-device copy (which would wait for the stream).
+            MoEAuxLossAutoScaler.set_loss_scale(torch.full((), scale, device=self.device))
+        if not self.stage.last:
+            from vime.training.packing import pack_inputs
+
+            # This stage's forward; its backward sends the next stage's gradient back.
+            self._token_logprobs_and_entropy(pack_inputs(samples, mb))
+            return self.stage.stand_in_loss(self._stage_output)
         return super()._micro_batch_loss(samples, mb, *args, **kwargs)
 
     # ---- gradients and the optimizer -------------------------------------------------------
@@ -309,9 +347,13 @@ class MegatronTrainer(Trainer):
     # ---- weights ---------------------------------------------------------------------------
 
     def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Megatron name, full tensor) of every parameter; full on every rank of a TP group."""
+        """(Megatron name, full tensor) of this pipeline stage's parameters under their full
+        model names; full on every rank of a TP group."""
         tp = self.mcfg.tensor_model_parallel_size
-        for name, param in self.module.named_parameters():
+        for local, param in self.module.named_parameters():
+            if local == "output_layer.weight" and self.arch.tied_embeddings:
+                continue  # the last stage's copy of the first stage's word embedding
+            name = to_global_layer(local, self.stage.offset)
             tensor = param.detach()
             if self.ep_size > 1 and is_expert(name):
                 # Each expert-parallel rank holds other experts under the same local names.
@@ -337,8 +379,12 @@ class MegatronTrainer(Trainer):
         yield from bucket_tensors(self._rank0_hf_weights(), bucket_bytes)
 
     def _rank0_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        # Every rank takes part in gathering TP shards; only rank 0 keeps the result.
-        for name, full in self._full_weights():
+        # Every rank takes part in gathering TP shards and pipeline stages; only rank 0 keeps
+        # the result.
+        weights = self._full_weights()
+        if self.stage.size > 1:
+            weights = self.stage.gather_to_first(weights, self.tp_rank == 0 and self.dp_rank == 0)
+        for name, full in weights:
             if self.rank == 0:
                 yield from to_hf(name, full, self.arch)
 
@@ -352,6 +398,8 @@ class MegatronTrainer(Trainer):
         }
         if self.ep_size > 1:
             layout["expert_model_parallel_size"] = self.ep_size
+        if self.stage.size > 1:
+            layout["pipeline_model_parallel_size"] = self.stage.size
         return layout
 
     def _rank_state(self) -> dict[str, Any]:
@@ -376,7 +424,7 @@ class MegatronTrainer(Trainer):
     def save(self, directory: str | Path) -> Path:
         """Atomic checkpoint: per-rank model shard, optimizer state and RNG; see :class:`Trainer`.
 
-        It loads back only into the same layout (processes, TP size, optimizer kind).
+        It loads back only into the same layout (processes, TP and PP sizes, optimizer kind).
         """
         state = {
             "weight_version": self._weight_version,
@@ -407,8 +455,9 @@ class MegatronTrainer(Trainer):
             )
         mine = ckpt.load_object(directory / f"rank{self.rank}.pt")
         if "model" not in mine:
-            # Megatron orders ranks TP-fastest: DP replica 0's shard of this TP rank is rank tp_rank.
-            mine["model"] = ckpt.load_object(directory / f"rank{self.tp_rank}.pt")["model"]
+            # Data-parallel replica 0 of this rank's TP rank and pipeline stage saved it.
+            first = dist.get_process_group_ranks(self.dp_group)[0]
+            mine["model"] = ckpt.load_object(directory / f"rank{first}.pt")["model"]
         self.module.load_state_dict(mine["model"])
         if self.optimizer is not None:
             if "optimizer" not in mine:
