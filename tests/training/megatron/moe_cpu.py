@@ -1,0 +1,112 @@
+"""Workers for the MoE tests that spawned processes import by name: one Megatron train step on
+CPU with every parameter's full gradient and weights, gathered over expert-parallel ranks."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from megatron_cpu import cpu_shim, signed_batch
+
+
+class _HostStream:
+    """Stands in for the CUDA side stream megatron-core's all-to-all dispatcher copies its
+    split sizes on: on the CPU everything is already on the host and in order."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _HostStream:
+        global _STREAM
+        if _STREAM is None:
+            _STREAM = super().__new__(cls)
+        return _STREAM
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def record_event(self) -> Any:
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+_STREAM: _HostStream | None = None
+
+
+@contextlib.contextmanager
+def moe_shim() -> Iterator[None]:
+    """``cpu_shim`` plus the CUDA stream calls of expert parallelism's token dispatcher."""
+    patches = {
+        "Stream": _HostStream,
+        "current_stream": lambda *a, **k: _HostStream(),
+        "stream": lambda *a, **k: contextlib.nullcontext(),
+    }
+    saved = {name: getattr(torch.cuda, name) for name in patches}
+    with cpu_shim():
+        try:
+            for name, value in patches.items():
+                setattr(torch.cuda, name, value)
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(torch.cuda, name, value)
+
+
+def _full(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor under its full-model name: expert tensors gathered over the EP group (each
+    rank holds other experts under the same local names), the rest as this rank holds them."""
+    import torch.distributed as dist
+
+    from vime.training.megatron.convert import expert_to_global, is_expert
+
+    out = {}
+    for name, tensor in local.items():
+        tensor = tensor.detach().float().contiguous()
+        if trainer.ep_size > 1 and is_expert(name):
+            pieces = [torch.empty_like(tensor) for _ in range(trainer.ep_size)]
+            dist.all_gather(pieces, tensor, group=trainer.ep_group)
+            for ep_rank, piece in enumerate(pieces):
+                out[expert_to_global(name, ep_rank, trainer.experts_per_rank)] = piece.clone()
+        else:
+            out[name] = tensor.clone()
+    return out
+
+
+def moe_step(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
+    """One rank of one train step, one sequence per micro-batch: logprobs before and after, the
+    full gradient handed to the optimizer (before clipping), the metrics and the full weights."""
+    from vime.training.base import TrainerConfig
+    from vime.training.megatron.trainer import MegatronTrainer
+
+    batch = signed_batch(token_lists)
+    longest = max(len(ids) for ids in token_lists)
+    with moe_shim():
+        config = TrainerConfig(
+            hf_checkpoint=folder,
+            backend="megatron",
+            seed=7,
+            lr=1e-3,
+            max_tokens_per_micro_batch=longest,
+        )
+        trainer = MegatronTrainer(config, megatron_args=args)
+        logprobs = [t.tolist() for t in trainer.compute_logprobs(batch)]
+        grads: dict[str, torch.Tensor] = {}
+        step = trainer.optimizer.step
+
+        def step_after_snapshot() -> Any:
+            named = trainer.module.named_parameters()
+            grads.update(_full(trainer, {n: p.main_grad for n, p in named}))
+            return step()
+
+        trainer.optimizer.step = step_after_snapshot
+        metrics = trainer.train_step(batch)
+        weights = _full(trainer, dict(trainer.module.named_parameters()))
+        after = [t.tolist() for t in trainer.compute_logprobs(batch)]
+    return {
+        "logprobs": logprobs,
+        "grads": grads,
+        "metrics": metrics,
+        "weights": weights,
+        "after": after,
+    }
