@@ -13,7 +13,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen3_math_megatron", "coding_agent_docker", "async_math", "repofix_agent"]
+    "name",
+    [
+        "qwen3_math_megatron",
+        "qwen3_math_megatron_pp",
+        "coding_agent_docker",
+        "async_math",
+        "repofix_agent",
+    ],
 )
 def test_example_launch_script_dry_runs(name: str) -> None:
     env = {

@@ -53,7 +53,7 @@ def test_bad_value_is_a_config_error():
         (["--fp16"], "--fp16 is not supported"),
         (["--sequence-parallel"], "--sequence-parallel"),
         (["--context-parallel-size", "2"], "--context-parallel-size 2"),
-        (["--pipeline-model-parallel-size", "2"], "pipeline parallelism is not implemented"),
+        (["--pipeline-model-parallel-size", "0"], "must be >= 1"),
         (["--tensor-model-parallel-size", "0"], "must be >= 1"),
         (["--recompute-granularity", "full"], "needs --recompute-method"),
         (["--recompute-method", "block"], "apply only with --recompute-granularity full"),

@@ -50,12 +50,6 @@ class MegatronConfig:
             raise ConfigError(
                 f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size} must be >= 1"
             )
-        if self.pipeline_model_parallel_size > 1:
-            raise ConfigError(
-                f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size}: pipeline "
-                "parallelism is not implemented by Vime's Megatron backend yet; use tensor and "
-                "data parallelism (--tensor-model-parallel-size, more processes)"
-            )
         if self.recompute_granularity == "full":
             if self.recompute_method is None or not self.recompute_num_layers:
                 raise ConfigError(

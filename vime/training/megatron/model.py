@@ -122,8 +122,9 @@ def host_bounds(packed_seq_params: Any) -> list[int]:
     return bounds
 
 
-def layer_spec(arch: GPTArch) -> Any:
-    """Megatron block spec: local linears, :class:`SDPAttention`, :class:`RMSNorm`."""
+def layer_spec(arch: GPTArch, num_layers: int | None = None) -> Any:
+    """Megatron block spec of ``num_layers`` layers (default: all of ``arch``'s; a pipeline
+    stage builds its share): local linears, :class:`SDPAttention`, :class:`RMSNorm`."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -166,7 +167,8 @@ def layer_spec(arch: GPTArch) -> Any:
             mlp_bda=get_bias_dropout_add,
         ),
     )
-    return TransformerBlockSubmodules(layer_specs=[layer] * arch.num_layers, layer_norm=RMSNorm)
+    count = arch.num_layers if num_layers is None else num_layers
+    return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=RMSNorm)
 
 
 def _moe_spec(arch: GPTArch) -> Any:
@@ -256,16 +258,21 @@ def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool)
 
 
 def build_gpt_model(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool = False) -> GPTModel:
-    """A Megatron ``GPTModel`` of ``arch`` (needs ``parallel_state`` initialised)."""
+    """This pipeline stage's Megatron ``GPTModel`` of ``arch`` (needs ``parallel_state``
+    initialised): its share of the layers, the embedding on the first stage, the final norm
+    and output layer on the last."""
+    from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
+    config = transformer_config(arch, mcfg, initialize=initialize)
     model = GPTModel(
-        config=transformer_config(arch, mcfg, initialize=initialize),
-        transformer_layer_spec=layer_spec(arch),
+        config=config,
+        transformer_layer_spec=layer_spec(arch, get_num_layers_to_build(config)),
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
-        pre_process=True,
-        post_process=True,
+        pre_process=mpu.is_pipeline_first_stage(),
+        post_process=mpu.is_pipeline_last_stage(),
         parallel_output=True,
         share_embeddings_and_output_weights=arch.tied_embeddings,
         position_embedding_type="rope",

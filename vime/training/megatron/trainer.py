@@ -22,7 +22,6 @@ from vime.training.base import Trainer, TrainerConfig, host_to_device
 from vime.training.buckets import DEFAULT_BUCKET_BYTES, bucket_tensors
 from vime.training.megatron.arch import GPTArch, arch_from_hf_config
 from vime.training.megatron.config import MegatronConfig, Role, parse_megatron_args
-from vime.training.megatron.pipeline import PipelineStage, to_global_layer
 from vime.training.megatron.convert import (
     expert_to_global,
     hf_to_megatron,
@@ -32,6 +31,7 @@ from vime.training.megatron.convert import (
     tp_split_dim,
     unshard,
 )
+from vime.training.megatron.pipeline import PipelineStage, to_global_layer
 from vime.training.packing import PackedInputs
 
 if TYPE_CHECKING:

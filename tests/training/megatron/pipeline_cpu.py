@@ -1,0 +1,99 @@
+"""Workers of the pipeline-parallel CPU tests (spawned processes import them by name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron_cpu import _full_on_every_rank, cpu_shim, signed_batch
+
+
+def _whole_model(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Full tensors of every stage under the full model's names, on every rank. A tied
+    embedding's two copies (first and last stage) must agree; that is checked here."""
+    mine = {trainer._global_name(n): t for n, t in _full_on_every_rank(trainer, local).items()}
+    stage = trainer.stage
+    if stage.size == 1:
+        return mine
+    parts: list[Any] = [None] * stage.size
+    dist.all_gather_object(parts, mine, group=stage.group)
+    whole: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for name, tensor in part.items():
+            if name in whole and not torch.equal(whole[name], tensor):
+                raise AssertionError(f"the stages' copies of {name} differ")
+            whole[name] = tensor
+    return whole
+
+
+def run_step(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
+    """One rank: logprobs and export before, the full gradient the optimizer is handed, the
+    step's metrics and logprobs, the full weights and logprobs after one step."""
+    from vime.training.base import TrainerConfig
+    from vime.training.megatron.trainer import MegatronTrainer
+
+    batch = signed_batch(token_lists)
+    with cpu_shim():
+        config = TrainerConfig(
+            hf_checkpoint=folder,
+            backend="megatron",
+            seed=7,
+            lr=1e-3,
+            max_tokens_per_micro_batch=max(len(t) for t in token_lists),
+        )
+        trainer = MegatronTrainer(config, megatron_args=args)
+        before = [t.tolist() for t in trainer.compute_logprobs(batch)]
+        exported = {n: t.clone() for b in trainer.export_weights() for n, t in b}
+        grads: dict[str, torch.Tensor] = {}
+        step = trainer.optimizer.step
+
+        def step_after_snapshot() -> Any:
+            named = trainer.module.named_parameters()
+            grads.update(_whole_model(trainer, {n: p.main_grad for n, p in named}))
+            return step()
+
+        trainer.optimizer.step = step_after_snapshot
+        metrics = trainer.train_step(batch)
+        step_lp = [t.tolist() for t in trainer.step_logprobs()]
+        weights = _whole_model(trainer, dict(trainer.module.named_parameters()))
+        after = [t.tolist() for t in trainer.compute_logprobs(batch)]
+    return {
+        "before": before,
+        "exported": exported,
+        "grads": grads,
+        "metrics": metrics,
+        "step_logprobs": step_lp,
+        "weights": weights,
+        "after": after,
+    }
+
+
+def run_resume(
+    folder: str, args: list[str], token_lists: list[list[int]], ckpt_dir: str
+) -> dict[str, Any]:
+    """One rank: a step, a checkpoint, a second step; then a fresh trainer loads the checkpoint
+    and takes the second step again. Returns both second steps' metrics and exports."""
+    from vime.training.base import TrainerConfig
+    from vime.training.megatron.trainer import MegatronTrainer
+
+    batch = signed_batch(token_lists)
+    with cpu_shim():
+        config = TrainerConfig(hf_checkpoint=folder, backend="megatron", seed=7, lr=1e-3)
+        trainer = MegatronTrainer(config, megatron_args=args)
+        trainer.train_step(batch)
+        trainer.save(ckpt_dir)
+        first = trainer.train_step(batch)
+        first_export = {n: t.clone() for b in trainer.export_weights() for n, t in b}
+        resumed = MegatronTrainer(config, megatron_args=args)
+        resumed.load(ckpt_dir)
+        version = resumed.weight_version
+        second = resumed.train_step(batch)
+        second_export = {n: t.clone() for b in resumed.export_weights() for n, t in b}
+    return {
+        "first": first,
+        "second": second,
+        "version": version,
+        "first_export": first_export,
+        "second_export": second_export,
+    }
