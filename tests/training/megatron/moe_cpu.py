@@ -43,14 +43,27 @@ def moe_shim() -> Iterator[None]:
         "stream": lambda *a, **k: contextlib.nullcontext(),
     }
     saved = {name: getattr(torch.cuda, name) for name in patches}
+    from megatron.core.transformer.moe import token_dispatcher
+
+    to_host = token_dispatcher.maybe_move_tensor_to_cpu
     with cpu_shim():
         try:
             for name, value in patches.items():
                 setattr(torch.cuda, name, value)
+            token_dispatcher.maybe_move_tensor_to_cpu = _split_sizes_to_host
             yield
         finally:
             for name, value in saved.items():
                 setattr(torch.cuda, name, value)
+            token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
+def _split_sizes_to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """megatron-core's copy of the all-to-all split sizes to the host: it turns only CUDA
+    tensors into the numpy arrays the collective takes, so do it for CPU ones too."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.numpy()
+    return tensor
 
 
 def _full(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
