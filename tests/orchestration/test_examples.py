@@ -17,6 +17,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
     [
         "qwen3_math_megatron",
         "qwen3_math_megatron_pp",
+        "qwen3_moe_math_megatron",
+        "qwen3_math_lora",
         "coding_agent_docker",
         "async_math",
         "repofix_agent",
