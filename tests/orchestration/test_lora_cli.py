@@ -38,3 +38,13 @@ def test_lora_flags_reach_the_trainer_and_only_adapters_train(tiny_model, tmp_pa
     # lora_B starts at zero, so after one step at least the B matrices moved.
     assert changed and changed <= adapters
     assert any("lora_B" in n for n in changed)
+
+
+def test_quickstart_takes_the_lora_flags():
+    setup = build_setup(
+        parse_args(["train", "--quickstart", "--lora-rank", "8", "--lora-alpha", "16"])
+    )
+    assert (setup.trainer.lora_rank, setup.trainer.lora_alpha) == (8, 16)
+    assert setup.trainer.backend == "torch"
+    # Without the flags the preset trains the full model.
+    assert build_setup(parse_args(["train", "--quickstart"])).trainer.lora_rank == 0
