@@ -160,3 +160,30 @@ def run_one_step(folder: str, args: list[str], token_lists: list[list[int]]) -> 
         metrics = trainer.train_step(batch)
         weights = _full_on_every_rank(trainer, dict(trainer.module.named_parameters()))
     return {"grads": grads, "metrics": metrics, "weights": weights}
+
+
+def grads_and_outputs(folder: str, args: list[str]) -> tuple:
+    """One process's packed logprobs, entropy and every parameter's gradient of a fixed weighted
+    sum of both, for a fused/unfused comparison. Run it in a fresh process (``spawn``): in the
+    pytest process, torch.compile'd kernels and megatron's state changed later tests' results."""
+    with cpu_shim():
+        return _grads_and_outputs_in_shim(folder, args)
+
+
+def _grads_and_outputs_in_shim(folder: str, args: list[str]) -> tuple:
+    from vime.training.base import TrainerConfig
+    from vime.training.megatron.trainer import MegatronTrainer
+    from vime.training.packing import MicroBatch, pack_inputs
+
+    cfg = TrainerConfig(hf_checkpoint=str(folder), backend="megatron", seed=7)
+    trainer = MegatronTrainer(cfg, megatron_args=list(args))
+    g = torch.Generator().manual_seed(5)
+    batch = signed_batch([torch.randint(0, 96, (n,), generator=g).tolist() for n in (13, 8)])
+    inputs = pack_inputs(batch.samples, MicroBatch(indices=(0, 1), num_tokens=21))
+    trainer._zero_grad()
+    logprobs, entropy = trainer._token_logprobs_and_entropy(inputs)
+    w = torch.linspace(-1.0, 1.0, logprobs.numel())
+    (logprobs * w).sum().add(entropy.sum() * 0.3).backward()
+    trainer._reduce_gradients()
+    grads = {n: p.main_grad.detach().clone() for n, p in trainer.model.named_parameters()}
+    return logprobs.detach(), entropy.detach(), grads

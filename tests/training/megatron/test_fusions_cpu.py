@@ -7,39 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from megatron_cpu import grads_and_outputs
 
-from vime.training.base import TrainerConfig
+from vime.training.launch import spawn
 from vime.training.megatron.model import host_bounds
-from vime.training.packing import MicroBatch, pack_inputs
-
-pytestmark = pytest.mark.usefixtures("megatron_cpu")
-
-
-def _grads_and_outputs(folder, args):
-    from megatron_cpu import signed_batch
-
-    from vime.training.megatron.trainer import MegatronTrainer
-
-    cfg = TrainerConfig(hf_checkpoint=str(folder), backend="megatron", seed=7)
-    trainer = MegatronTrainer(cfg, megatron_args=list(args))
-    g = torch.Generator().manual_seed(5)
-    batch = signed_batch([torch.randint(0, 96, (n,), generator=g).tolist() for n in (13, 8)])
-    inputs = pack_inputs(batch.samples, MicroBatch(indices=(0, 1), num_tokens=21))
-    trainer._zero_grad()
-    logprobs, entropy = trainer._token_logprobs_and_entropy(inputs)
-    w = torch.linspace(-1.0, 1.0, logprobs.numel())
-    (logprobs * w).sum().add(entropy.sum() * 0.3).backward()
-    trainer._reduce_gradients()
-    grads = {n: p.main_grad.detach().clone() for n, p in trainer.model.named_parameters()}
-    return logprobs.detach(), entropy.detach(), grads
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
 def test_fused_swiglu_equals_the_unfused_mlp(tiny_models, family):
-    torch.manual_seed(0)
-    lp, ent, grads = _grads_and_outputs(tiny_models[family], [])
-    lp_f, ent_f, grads_f = _grads_and_outputs(tiny_models[family], ["--bias-swiglu-fusion"])
+    folder = str(tiny_models[family])
+    lp, ent, grads = spawn(grads_and_outputs, 1, folder, [], backend="gloo")[0]
+    fused = spawn(grads_and_outputs, 1, folder, ["--bias-swiglu-fusion"], backend="gloo")[0]
+    lp_f, ent_f, grads_f = fused
     assert torch.allclose(lp_f, lp, atol=5e-6, rtol=0), (lp_f - lp).abs().max()
     assert torch.allclose(ent_f, ent, atol=5e-6, rtol=0), (ent_f - ent).abs().max()
     assert grads.keys() == grads_f.keys()
