@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ParamSpec
+
 import torch
 from torch import Tensor
 
@@ -32,36 +35,6 @@ def _masked_mean(values: Tensor, mask: Tensor, count: Tensor) -> Tensor:
     # 0 for an empty mask; where() keeps a masked-out inf/nan out of the mean.
     zero = torch.zeros((), dtype=torch.float64, device=mask.device)
     return torch.where(mask > 0, values.double() * mask, zero).sum() / count.clamp(min=1)
-
-
-def policy_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    config: LossConfig,
-    *,
-    rollout_logprobs: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """Scalar loss to minimise, and float metrics, for one (micro-)batch of ``[B, T]`` tensors:
-    :func:`policy_loss_tensors` with its metrics read back to the host (one copy)."""
-    loss, metrics = policy_loss_tensors(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        config,
-        rollout_logprobs=rollout_logprobs,
-        ref_logprobs=ref_logprobs,
-        entropy=entropy,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-    )
-    return loss, tensor_metrics_to_floats(metrics)
 
 
 def policy_loss_tensors(
@@ -212,3 +185,23 @@ def policy_loss_tensors(
             capped = (weights >= config.tis_cap) & active
             metrics["policy/tis_clipfrac"] = capped.sum().double() / denom
     return loss, metrics
+
+
+_P = ParamSpec("_P")
+
+
+def _with_float_metrics(
+    tensors_fn: Callable[_P, tuple[Tensor, dict[str, Tensor]]],
+) -> Callable[_P, tuple[Tensor, dict[str, float]]]:
+    def policy_loss(*args: _P.args, **kwargs: _P.kwargs) -> tuple[Tensor, dict[str, float]]:
+        """Scalar loss to minimise, and float metrics, for one (micro-)batch of ``[B, T]``
+        tensors: :func:`policy_loss_tensors` (the same arguments) with its metrics read back to
+        the host in one copy."""
+        loss, metrics = tensors_fn(*args, **kwargs)
+        return loss, tensor_metrics_to_floats(metrics)
+
+    policy_loss.__qualname__ = policy_loss.__name__
+    return policy_loss
+
+
+policy_loss = _with_float_metrics(policy_loss_tensors)
