@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -138,28 +138,68 @@ def _full_on_every_rank(trainer: Any, local: dict[str, torch.Tensor]) -> dict[st
     return out
 
 
-def run_one_step(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
-    """One rank of one Megatron train step on CPU: the full gradient the optimizer is handed
-    (before clipping), the reported grad norm and loss, and the full weights after the step."""
+Gather = Callable[[Any, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+def run_one_step(
+    folder: str,
+    args: list[str],
+    token_lists: list[list[int]],
+    *,
+    gather: Gather = _full_on_every_rank,
+    shim: Callable[[], contextlib.AbstractContextManager[Any]] = cpu_shim,
+    per_sequence: bool = False,
+    watch: Callable[[Any], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One rank of one Megatron train step on CPU, the one way these tests run a step.
+
+    Returns the logprobs ``before`` the step, the HF ``exported`` weights before it (rank 0's;
+    empty elsewhere), the full gradient the optimizer is handed (before clipping), the step's
+    ``metrics`` and ``step_logprobs``, the full ``weights`` after the step and the logprobs
+    ``after`` it. ``gather(trainer, local)`` makes this rank's tensors full-model ones (TP
+    shards by default; experts, pipeline stages). ``per_sequence`` puts one sequence in each
+    micro-batch (else one micro-batch holds them all). ``watch(trainer)``, called before the
+    step, returns a dict filled in during it, merged into the result.
+    """
     from vime.training.base import TrainerConfig
     from vime.training.megatron.trainer import MegatronTrainer
 
     batch = signed_batch(token_lists)
-    with cpu_shim():
-        config = TrainerConfig(hf_checkpoint=folder, backend="megatron", seed=7, lr=1e-3)
+    with shim():
+        config = TrainerConfig(
+            hf_checkpoint=folder,
+            backend="megatron",
+            seed=7,
+            lr=1e-3,
+            max_tokens_per_micro_batch=max(map(len, token_lists)) if per_sequence else 8192,
+        )
         trainer = MegatronTrainer(config, megatron_args=args)
+        before = [t.tolist() for t in trainer.compute_logprobs(batch)]
+        exported = {n: t.clone() for b in trainer.export_weights() for n, t in b}
         grads: dict[str, torch.Tensor] = {}
         step = trainer.optimizer.step
 
         def step_after_snapshot() -> Any:
             named = trainer.module.named_parameters()
-            grads.update(_full_on_every_rank(trainer, {n: p.main_grad for n, p in named}))
+            grads.update(gather(trainer, {n: p.main_grad for n, p in named}))
             return step()
 
         trainer.optimizer.step = step_after_snapshot
+        watched = {} if watch is None else watch(trainer)
         metrics = trainer.train_step(batch)
-        weights = _full_on_every_rank(trainer, dict(trainer.module.named_parameters()))
-    return {"grads": grads, "metrics": metrics, "weights": weights}
+        step_logprobs = [t.tolist() for t in trainer.step_logprobs()]
+        weights = gather(trainer, dict(trainer.module.named_parameters()))
+        after = [t.tolist() for t in trainer.compute_logprobs(batch)]
+    return {
+        "before": before,
+        "exported": exported,
+        "grads": grads,
+        "metrics": metrics,
+        "step_logprobs": step_logprobs,
+        "weights": weights,
+        "after": after,
+        **watched,
+    }
 
 
 def grads_and_outputs(folder: str, args: list[str]) -> tuple:

@@ -1,5 +1,6 @@
-"""Workers for the MoE tests that spawned processes import by name: one Megatron train step on
-CPU with every parameter's full gradient and weights, gathered over expert-parallel ranks."""
+"""Workers for the MoE tests that spawned processes import by name: the shim for expert
+parallelism's dispatcher and one train step with every parameter's full gradient and weights,
+gathered over expert-parallel ranks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from megatron_cpu import cpu_shim, signed_batch
+from megatron_cpu import cpu_shim, run_one_step
 
 
 class _HostStream:
@@ -87,39 +88,6 @@ def _full(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def moe_step(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
-    """One rank of one train step, one sequence per micro-batch: logprobs before and after, the
-    full gradient handed to the optimizer (before clipping), the metrics and the full weights."""
-    from vime.training.base import TrainerConfig
-    from vime.training.megatron.trainer import MegatronTrainer
-
-    batch = signed_batch(token_lists)
-    longest = max(len(ids) for ids in token_lists)
-    with moe_shim():
-        config = TrainerConfig(
-            hf_checkpoint=folder,
-            backend="megatron",
-            seed=7,
-            lr=1e-3,
-            max_tokens_per_micro_batch=longest,
-        )
-        trainer = MegatronTrainer(config, megatron_args=args)
-        logprobs = [t.tolist() for t in trainer.compute_logprobs(batch)]
-        grads: dict[str, torch.Tensor] = {}
-        step = trainer.optimizer.step
-
-        def step_after_snapshot() -> Any:
-            named = trainer.module.named_parameters()
-            grads.update(_full(trainer, {n: p.main_grad for n, p in named}))
-            return step()
-
-        trainer.optimizer.step = step_after_snapshot
-        metrics = trainer.train_step(batch)
-        weights = _full(trainer, dict(trainer.module.named_parameters()))
-        after = [t.tolist() for t in trainer.compute_logprobs(batch)]
-    return {
-        "logprobs": logprobs,
-        "grads": grads,
-        "metrics": metrics,
-        "weights": weights,
-        "after": after,
-    }
+    """One rank of one train step (:func:`megatron_cpu.run_one_step`) under the MoE shim, one
+    sequence per micro-batch, experts gathered over the EP group."""
+    return run_one_step(folder, args, token_lists, gather=_full, shim=moe_shim, per_sequence=True)

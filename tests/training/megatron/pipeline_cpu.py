@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron_cpu import _full_on_every_rank, cpu_shim, signed_batch
+from megatron_cpu import _full_on_every_rank, cpu_shim, run_one_step, signed_batch
 
 
 def _whole_model(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -28,45 +28,9 @@ def _whole_model(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torc
 
 
 def run_step(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
-    """One rank: logprobs and export before, the full gradient the optimizer is handed, the
-    step's metrics and logprobs, the full weights and logprobs after one step."""
-    from vime.training.base import TrainerConfig
-    from vime.training.megatron.trainer import MegatronTrainer
-
-    batch = signed_batch(token_lists)
-    with cpu_shim():
-        config = TrainerConfig(
-            hf_checkpoint=folder,
-            backend="megatron",
-            seed=7,
-            lr=1e-3,
-            max_tokens_per_micro_batch=max(len(t) for t in token_lists),
-        )
-        trainer = MegatronTrainer(config, megatron_args=args)
-        before = [t.tolist() for t in trainer.compute_logprobs(batch)]
-        exported = {n: t.clone() for b in trainer.export_weights() for n, t in b}
-        grads: dict[str, torch.Tensor] = {}
-        step = trainer.optimizer.step
-
-        def step_after_snapshot() -> Any:
-            named = trainer.module.named_parameters()
-            grads.update(_whole_model(trainer, {n: p.main_grad for n, p in named}))
-            return step()
-
-        trainer.optimizer.step = step_after_snapshot
-        metrics = trainer.train_step(batch)
-        step_lp = [t.tolist() for t in trainer.step_logprobs()]
-        weights = _whole_model(trainer, dict(trainer.module.named_parameters()))
-        after = [t.tolist() for t in trainer.compute_logprobs(batch)]
-    return {
-        "before": before,
-        "exported": exported,
-        "grads": grads,
-        "metrics": metrics,
-        "step_logprobs": step_lp,
-        "weights": weights,
-        "after": after,
-    }
+    """One rank of one train step (:func:`megatron_cpu.run_one_step`), one sequence per
+    micro-batch, every stage's tensors gathered on every rank."""
+    return run_one_step(folder, args, token_lists, gather=_whole_model, per_sequence=True)
 
 
 def run_resume(
