@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -241,8 +241,6 @@ class Trainer(abc.ABC):
         ``policy/*`` and ``mismatch/*`` metrics of :func:`~vime.algorithms.policy.policy_loss`
         as means over the batch's loss tokens.
         """
-        import torch
-
         from vime.training.metrics import MetricSums
 
         if self.role != "actor":
@@ -258,11 +256,9 @@ class Trainer(abc.ABC):
         sums = MetricSums()
         plan = self._plan(batch)
         self._step_logprobs, self._step_size = {}, len(batch)
-        loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for mb in plan:
-            loss = self._micro_batch_loss(batch.samples, mb, num_tokens, num_seqs, sums)
-            loss.backward()
-            loss_total += loss.detach()
+        loss_total = self._forward_backward(
+            plan, lambda mb: self._micro_batch_loss(batch.samples, mb, num_tokens, num_seqs, sums)
+        )
         self._reduce_gradients()
         self._step_logprobs = _to_cpu(self._step_logprobs)
         lr = self.schedule.apply_next()
@@ -289,6 +285,21 @@ class Trainer(abc.ABC):
             }
         )
         return metrics
+
+    def _forward_backward(
+        self, plan: list[MicroBatch], loss_of: Callable[[MicroBatch], torch.Tensor]
+    ) -> torch.Tensor:
+        """Forward and backward passes of the micro-batches in ``plan`` (``loss_of(mb)`` runs a
+        forward and returns its loss); returns the sum of the losses, a float64 0-d tensor. A
+        pipelined backend overrides it to interleave micro-batches across its stages."""
+        import torch
+
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for mb in plan:
+            loss = loss_of(mb)
+            loss.backward()
+            loss_total += loss.detach()
+        return loss_total
 
     def _micro_batch_loss(
         self,

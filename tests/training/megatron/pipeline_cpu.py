@@ -27,10 +27,31 @@ def _whole_model(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torc
     return whole
 
 
+def _trace_passes(trainer: Any) -> dict[str, Any]:
+    """Records the order in which this stage runs its passes during the step: ``("F", i)``
+    when the forward pass of its ``i``-th micro-batch runs, ``("B", i)`` when autograd reaches
+    that forward's result (the loss, or the hidden states sent on) in the backward pass."""
+    trace: list[tuple[str, int]] = []
+    forward = trainer._micro_batch_loss
+
+    def traced(*args: Any, **kwargs: Any) -> torch.Tensor:
+        i = sum(kind == "F" for kind, _ in trace)
+        trace.append(("F", i))
+        out = forward(*args, **kwargs)
+        out.register_hook(lambda grad: trace.append(("B", i)))
+        return out
+
+    trainer._micro_batch_loss = traced
+    return {"trace": trace, "stage": (trainer.stage.size, trainer.stage.rank)}
+
+
 def run_step(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
     """One rank of one train step (:func:`megatron_cpu.run_one_step`), one sequence per
-    micro-batch, every stage's tensors gathered on every rank."""
-    return run_one_step(folder, args, token_lists, gather=_whole_model, per_sequence=True)
+    micro-batch, every stage's tensors gathered on every rank, the order of its passes
+    traced."""
+    return run_one_step(
+        folder, args, token_lists, gather=_whole_model, per_sequence=True, watch=_trace_passes
+    )
 
 
 def run_resume(

@@ -1,17 +1,38 @@
-"""Pipeline parallelism on CPU (gloo, megatron-core through the shim): PP=2, and PP=2 with
-TP=2, give one process's logprobs, loss, gradients, weights after a step and export; a
-checkpoint saved across pipeline stages resumes the same step."""
+"""Pipeline parallelism on CPU (gloo, megatron-core through the shim): PP=2, PP=2 with TP=2 and
+PP=2 with DP=2 run the 1F1B schedule and give one process's logprobs, loss, gradients, weights
+after a step and export; a checkpoint saved across pipeline stages resumes the same step."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from vime.training.megatron.pipeline import stage_layers, to_global_layer, to_local_layer
+from vime.training.megatron.pipeline import (
+    one_f_one_b,
+    stage_layers,
+    to_global_layer,
+    to_local_layer,
+)
 
-TOKENS = [[5, 9, 14, 3, 77, 41, 8, 60, 2, 19, 33], [4, 81, 23, 7, 7, 56, 90], [12, 6, 48, 30, 71]]
+# One sequence per micro-batch where they fit (budget 11 tokens): 4 micro-batches in one
+# process, the last packing two sequences; under DP=2, 3 per rank, one of them a dummy.
+TOKENS = [
+    [5, 9, 14, 3, 77, 41, 8, 60, 2, 19, 33],
+    [4, 81, 23, 7, 7, 56, 90],
+    [12, 6, 48, 30, 71],
+    [3, 17, 29, 64, 88, 11, 50, 42, 9],
+    [70, 2, 36, 15, 93, 27],
+]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 TP2 = ["--tensor-model-parallel-size", "2"]
+CASES = {  # model family, Megatron flags, processes
+    "llama-pp2": ("llama", PP2, 2),
+    "qwen2-pp2": ("qwen2", PP2, 2),
+    "qwen3-pp2-tp2": ("qwen3", PP2 + TP2, 4),
+    "qwen2-pp2-dp2": ("qwen2", PP2, 4),
+}
 
 
 def test_layer_names_map_between_stage_and_model():
@@ -35,6 +56,44 @@ def test_stage_layers_split_evenly():
         stage_layers(5, 2, 0)
 
 
+def test_1f1b_order():
+    fb = [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+    assert one_f_one_b(2, 0, 4) == fb
+    assert one_f_one_b(2, 1, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    # Fewer micro-batches than warm-up forwards: all forwards, then all backwards.
+    assert one_f_one_b(4, 0, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert one_f_one_b(3, 2, 0) == []
+
+
+@pytest.mark.parametrize(("stages", "micro_batches"), [(2, 1), (2, 5), (3, 2), (4, 7)])
+def test_1f1b_runs_to_the_end_with_bounded_activations(stages, micro_batches):
+    """Every stage runs each pass once, a stage keeps at most ``stages - rank`` forwards awaiting
+    their backward, and the stages never all wait: sends don't block, a forward waits for the
+    previous stage's forward of that micro-batch, a backward for the next stage's backward."""
+    orders = [one_f_one_b(stages, r, micro_batches) for r in range(stages)]
+    for rank, order in enumerate(orders):
+        everything = [(k, i) for k in "FB" for i in range(micro_batches)]
+        assert sorted(order) == sorted(everything)
+        in_flight = 0
+        for kind, _ in order:
+            in_flight += 1 if kind == "F" else -1
+            assert 0 <= in_flight <= stages - rank
+    done: set[tuple[int, str, int]] = set()
+    position = [0] * stages
+    while any(p < len(o) for p, o in zip(position, orders, strict=True)):
+        progressed = False
+        for rank, order in enumerate(orders):
+            if position[rank] == len(order):
+                continue
+            kind, i = order[position[rank]]
+            needs = (rank - 1, "F", i) if kind == "F" else (rank + 1, "B", i)
+            if needs[0] in (-1, stages) or needs in done:
+                done.add((rank, kind, i))
+                position[rank] += 1
+                progressed = True
+        assert progressed, f"deadlock with every stage waiting at {position}"
+
+
 def _run(folder, args, nproc):
     from pipeline_cpu import run_step
 
@@ -44,18 +103,22 @@ def _run(folder, args, nproc):
 
 
 @pytest.fixture(scope="module")
-def pp_runs(tiny_models) -> dict[str, tuple[dict, list[dict]]]:
-    """Per case: one process, and the same work pipelined (all ranks)."""
+def pp_run(tiny_models) -> Callable[[str], tuple[dict, list[dict]]]:
+    """A case's one-process run and the same work pipelined (all ranks), run when a test first
+    asks (each test then takes its own share of the time); one-process runs are shared."""
     pytest.importorskip("megatron.core")
-    cases = {"llama-pp2": ("llama", PP2, 2), "qwen2-pp2": ("qwen2", PP2, 2)}
-    cases["qwen3-pp2-tp2"] = ("qwen3", PP2 + TP2, 4)
-    runs = {}
     singles: dict[str, dict] = {}
-    for case, (family, args, nproc) in cases.items():
-        if family not in singles:
-            singles[family] = _run(tiny_models[family], [], 1)[0]
-        runs[case] = (singles[family], _run(tiny_models[family], args, nproc))
-    return runs
+    runs: dict[str, tuple[dict, list[dict]]] = {}
+
+    def run(case: str) -> tuple[dict, list[dict]]:
+        if case not in runs:
+            family, args, nproc = CASES[case]
+            if family not in singles:
+                singles[family] = _run(tiny_models[family], [], 1)[0]
+            runs[case] = (singles[family], _run(tiny_models[family], args, nproc))
+        return runs[case]
+
+    return run
 
 
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -64,9 +127,10 @@ def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     )
 
 
-def _assert_adam_close(single: dict, r: dict, rank: int) -> None:
+def _assert_adam_close(single: dict, r: dict, rank: int) -> float:
     """Weights after the step equal one process's up to what Adam makes of the gradients' last
-    bits (see test_parallel_cpu.test_tensor_parallel_step_equals_one_process)."""
+    bits (see test_parallel_cpu.test_tensor_parallel_step_equals_one_process); returns the
+    largest difference."""
     lr, eps, clip = 1e-3, 1e-8, 1.0
     scale = min(1.0, clip / (single["metrics"]["grad_norm"] + 1e-6))
     assert sorted(r["weights"]) == sorted(single["weights"])
@@ -76,13 +140,19 @@ def _assert_adam_close(single: dict, r: dict, rank: int) -> None:
         bound = torch.clamp(2 * lr * eps * dg / (g.abs() + eps) ** 2, max=2 * lr) + 1e-6
         excess = (w - single["weights"][name]).abs() - bound
         assert excess.max().item() <= 0, f"rank {rank}: weight {name} off by {excess.max():.3g}"
+    return max((w - single["weights"][n]).abs().max().item() for n, w in r["weights"].items())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["llama-pp2", "qwen2-pp2", "qwen3-pp2-tp2"])
-def test_pipeline_step_equals_one_process(pp_runs, case):
-    single, ranks = pp_runs[case]
+@pytest.mark.parametrize("case", CASES)
+def test_pipeline_step_equals_one_process(pp_run, case, record_property):
+    single, ranks = pp_run(case)
+    grad_diff = 0.0
     for rank, r in enumerate(ranks):
+        # Each stage ran its micro-batches in the 1F1B order (traced as autograd reached them).
+        size, pp_rank = r["stage"]
+        assert size == 2 and len(r["trace"]) >= 6
+        assert r["trace"] == one_f_one_b(size, pp_rank, len(r["trace"]) // 2)
         assert _max_diff(r["before"], single["before"]) < 1e-5
         assert _max_diff(r["step_logprobs"], single["step_logprobs"]) < 1e-5
         assert _max_diff(r["after"], single["after"]) < 1e-5
@@ -96,7 +166,12 @@ def test_pipeline_step_equals_one_process(pp_runs, case):
         for name, grad in single["grads"].items():
             diff = (r["grads"][name] - grad).abs().max().item()
             assert diff < 1e-6, f"rank {rank}: gradient of {name} off by {diff:.3g}"
-        _assert_adam_close(single, r, rank)
+            grad_diff = max(grad_diff, diff)
+        record_property(f"rank{rank}_weight_max_diff", _assert_adam_close(single, r, rank))
+        for key in ("before", "step_logprobs", "after"):
+            record_property(f"rank{rank}_{key}_max_diff", _max_diff(r[key], single[key]))
+        record_property(f"rank{rank}_loss", (r["metrics"]["loss"], single["metrics"]["loss"]))
+    record_property("grad_max_diff", grad_diff)
     # Rank 0 receives every stage's full HF tensors; the others none.
     assert all(r["exported"] == {} for r in ranks[1:])
     assert sorted(ranks[0]["exported"]) == sorted(single["exported"])

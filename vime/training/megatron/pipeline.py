@@ -6,22 +6,30 @@ and from the full model's, which the HF converter uses. The first stage holds th
 the last the final norm and output layer (with tied embeddings, a copy of the word embedding
 whose gradient megatron-core's ``finalize_model_grads`` sums with the first stage's).
 
-Micro-batches pass through the stages one at a time: a stage receives the previous stage's
-hidden states, runs its layers and sends them on; the backward pass returns the gradient of
-those hidden states the same way (:meth:`PipelineStage.stand_in_loss`). This keeps the base
-trainer's micro-batch loop and its loss normalisers unchanged; it does not overlap stages.
+A training step runs the micro-batches in the 1F1B schedule (:func:`one_f_one_b`): stage ``r``
+of ``p`` first runs ``p - r - 1`` forward passes, then alternates one forward and one backward,
+then runs the backward passes left. Hidden states go forward and their gradients back by
+point-to-point messages (sends are asynchronous, receives wait), so stages work on different
+micro-batches at once and a stage holds at most ``p - r`` micro-batches' activations. The
+base trainer's micro-batch losses and normalisers are unchanged; only their order differs.
+megatron-core's own schedules (``get_forward_backward_func``) are not used: they scale each
+loss by the micro-batch count or their own token count, set the MoE auxiliary loss's scale
+themselves and need fixed (or separately exchanged) activation shapes, while the base trainer's
+losses already carry the step's global normalisers and its packed micro-batches vary in length.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
 
+T = TypeVar("T")
+Pass = Literal["F", "B"]  # a forward or a backward pass of one micro-batch
 _LAYER = re.compile(r"((?:.*\.)?decoder\.layers\.)(\d+)(\..+)")
 
 
@@ -53,6 +61,19 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
     return range(pp_rank * per, (pp_rank + 1) * per)
 
 
+def one_f_one_b(pp_size: int, pp_rank: int, num_micro_batches: int) -> list[tuple[Pass, int]]:
+    """Stage ``pp_rank``'s passes in the 1F1B schedule: ``("F", i)`` / ``("B", i)`` the forward /
+    backward pass of micro-batch ``i``. Warm-up: ``pp_size - pp_rank - 1`` forwards (at most
+    all); steady state: one forward, then the backward of the oldest micro-batch in flight;
+    cool-down: the remaining backwards. Forwards and backwards each run in micro-batch order."""
+    warmup = min(pp_size - pp_rank - 1, num_micro_batches)
+    order: list[tuple[Pass, int]] = [("F", i) for i in range(warmup)]
+    for i in range(warmup, num_micro_batches):
+        order += [("F", i), ("B", i - warmup)]
+    order += [("B", i) for i in range(num_micro_batches - warmup, num_micro_batches)]
+    return order
+
+
 @dataclass
 class PipelineStage:
     """This rank's pipeline stage (``size == 1``: no pipeline, one stage that is both ends)."""
@@ -63,6 +84,8 @@ class PipelineStage:
     group: Any = None
     prev_rank: int | None = None  # global ranks of the neighbouring stages' matching processes
     next_rank: int | None = None
+    _sends: list[tuple[Any, torch.Tensor]] = field(default_factory=list, repr=False)
+    _received: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def first(self) -> bool:
@@ -96,29 +119,59 @@ class PipelineStage:
         return dist.get_global_rank(self.group, pp_rank)
 
     def receive_hidden(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> Any:
-        """The previous stage's output for this micro-batch; it takes gradients when grad mode
-        is on, and :meth:`stand_in_loss` of the previous stage receives them."""
+        """The previous stage's output for the next micro-batch. In grad mode it takes
+        gradients, which :meth:`run_1f1b` sends back after the micro-batch's backward pass."""
         hidden = torch.empty(shape, dtype=dtype, device=device)
         dist.recv(hidden, src=self.prev_rank)
         if torch.is_grad_enabled():
             hidden.requires_grad_(True)
-            hidden.register_hook(self._send_grad)
+            self._received = hidden
         return hidden
 
-    def _send_grad(self, grad: torch.Tensor) -> None:
-        dist.send(grad.contiguous(), dst=self.prev_rank)
-
     def send_hidden(self, hidden: torch.Tensor) -> None:
-        """Pass this stage's output to the next stage."""
-        dist.send(hidden.detach().contiguous(), dst=self.next_rank)
+        """Pass this stage's output to the next stage without waiting for it to arrive
+        (:meth:`wait_sends` does)."""
+        self._isend(hidden.detach().contiguous(), self.next_rank)
 
-    def stand_in_loss(self, hidden: torch.Tensor) -> torch.Tensor:
-        """A zero-valued loss whose backward pass sends ``hidden`` the gradient the next stage
-        computed for it (received here, so call it after :meth:`send_hidden`)."""
-        grad = torch.empty_like(hidden)
-        dist.recv(grad, src=self.next_rank)
-        surrogate = (hidden * grad).sum()
-        return surrogate - surrogate.detach()
+    def _isend(self, tensor: torch.Tensor, dst: int | None) -> None:
+        # The tensor stays referenced until its send completes.
+        self._sends.append((dist.isend(tensor, dst=dst), tensor))
+
+    def wait_sends(self) -> None:
+        """Wait until every message this stage sent has arrived."""
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+
+    def run_1f1b(self, plan: Sequence[T], forward: Callable[[T], torch.Tensor]) -> list[Any]:
+        """Forward and backward passes of every micro-batch in ``plan``, in the order of
+        :func:`one_f_one_b`. ``forward(mb)`` runs this stage's forward pass of ``mb`` and returns
+        its loss on the last stage, its output hidden states (sent on) on the others; the
+        backward pass starts from that loss, or from the gradient the next stage sends back.
+        Returns the detached losses (the last stage; none elsewhere)."""
+        pending: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        losses: list[Any] = []
+        for kind, i in one_f_one_b(self.size, self.rank, len(plan)):
+            if kind == "F":
+                self._received = None
+                out = forward(plan[i])
+                pending[i] = (self._received, out)
+                if self.last:
+                    losses.append(out.detach())
+                continue
+            received, out = pending.pop(i)
+            if self.last:
+                out.backward()
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=self.next_rank)
+                torch.autograd.backward(out, grad)
+            if received is not None:
+                grad = received.grad
+                self._isend(torch.zeros_like(received) if grad is None else grad, self.prev_rank)
+        self._received = None
+        self.wait_sends()
+        return losses
 
     def from_last(self, obj: Any) -> Any:
         """``obj`` as the last stage has it, on every stage of this pipeline."""

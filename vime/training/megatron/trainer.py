@@ -9,7 +9,7 @@ token logprobs and entropy, and Megatron's gradient finalisation and optimizer.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -310,6 +310,9 @@ class MegatronTrainer(Trainer):
         losses, like the policy loss's global normaliser, and independent of how the batch is
         split over micro-batches and ranks when each micro-batch is one sequence. A dummy
         micro-batch adds none.
+
+        Before a pipeline's last stage it returns the stage's output hidden states instead of a
+        loss (see :meth:`_forward_backward`).
         """
         if self.arch.is_moe and self.mcfg.moe_aux_loss_coeff > 0:
             from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
@@ -320,10 +323,29 @@ class MegatronTrainer(Trainer):
         if not self.stage.last:
             from vime.training.packing import pack_inputs
 
-            # This stage's forward; its backward sends the next stage's gradient back.
+            # Before the last stage: the stage's output, whose gradient the next stage sends.
             self._token_logprobs_and_entropy(pack_inputs(samples, mb))
-            return self.stage.stand_in_loss(self._stage_output)
+            return self._stage_output
         return super()._micro_batch_loss(samples, mb, *args, **kwargs)
+
+    def _forward_backward(
+        self, plan: list[Any], loss_of: Callable[[Any], torch.Tensor]
+    ) -> torch.Tensor:
+        """See :meth:`Trainer._forward_backward`; pipeline stages run the micro-batches in the
+        1F1B schedule (:meth:`PipelineStage.run_1f1b`). The loss total exists on the last stage
+        only (zero elsewhere; :meth:`train_step` takes its metrics from there)."""
+        if self.stage.size == 1:
+            return super()._forward_backward(plan, loss_of)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for loss in self.stage.run_1f1b(plan, loss_of):
+            total += loss
+        return total
+
+    def compute_logprobs(self, batch: Any) -> list[torch.Tensor]:
+        """See :meth:`Trainer.compute_logprobs`; a pipeline stage's sends finish before it returns."""
+        logprobs = super().compute_logprobs(batch)
+        self.stage.wait_sends()
+        return logprobs
 
     # ---- gradients and the optimizer -------------------------------------------------------
 
