@@ -35,6 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+UNFUSED = " --no-bias-swiglu-fusion --no-rope-fusion --no-gradient-accumulation-fusion"
+
+
 def matmul_tflops(n: int = 8192, iters: int = 10) -> float:
     """Dense bf16 ``n x n x n`` matmul rate on random data (mean of ``iters`` after warm-up)."""
     import torch
@@ -213,20 +216,25 @@ def attention_backends(choice: str) -> Any:
 
 
 def profile_step(trainer: Any, batch: Any) -> None:
-    """Print the GPU kernels of one train step by total time, and how busy the GPU was."""
+    """Print the GPU kernels of one train step by total time, how busy the GPU was, and the
+    torch ops that launched them (device time including children)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         trainer.train_step(batch)
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
     events = prof.key_averages()
     busy = sum(e.self_device_time_total for e in events) / 1e6
     print(f"PROFILE wall {wall * 1e3:.0f} ms, kernels {busy * 1e3:.0f} ms", flush=True)
-    print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=70))
+    print(events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70))
+    ops = [e for e in events if e.key.startswith("aten::") and e.device_time_total > 0]
+    ops.sort(key=lambda e: -e.device_time_total)
+    for e in ops[:40]:
+        print(f"OP {e.key:40} {e.device_time_total / 1e3:9.1f} ms  calls {e.count}")
 
 
 def measure(trainer: Any, batch: Any, arch: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -274,11 +282,11 @@ def main() -> None:
     p.add_argument(
         "--backends",
         default="plain,megatron+export,torch",
-        help="comma-separated variants: backend[+cudnn][+pack2][+swiglu][+profile][+export]; backend "
-        "plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
-        "cuDNN attention first; pack2: two sequences per micro-batch; swiglu: megatron's fused "
-        "SwiGLU (--bias-swiglu-fusion); export: time "
-        "export_weights; profile: print a kernel profile of one step)",
+        help="comma-separated variants: backend[+cudnn][+pack2][+unfused][+profile][+export]; "
+        "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
+        "cuDNN attention first; pack2: two sequences per micro-batch; unfused: megatron without "
+        "its SwiGLU, RoPE and weight-gradient accumulation fusions, which are on by default on "
+        "CUDA; export: time export_weights; profile: print a kernel profile of one step)",
     )
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--samples", type=int, default=2, help="sequences per train step")
@@ -308,7 +316,7 @@ def main() -> None:
             cmd += [f"--variant={variant}"]
             for flag in ("seq_len", "samples", "warmup", "steps"):
                 cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
-            fused = " --bias-swiglu-fusion" if "swiglu" in opts else ""
+            fused = UNFUSED if "unfused" in opts else ""
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
             cmd += ["--pack=2"] if "pack2" in opts else []

@@ -83,3 +83,48 @@ def test_moe_flags_are_parsed():
         cfg.data_parallel_size(3)
     with pytest.raises(ConfigError, match=r"--moe-aux-loss-coeff -1\.0 must be >= 0"):
         parse_megatron_args(["--moe-aux-loss-coeff", "-1"])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], (None, None, None)),
+        (["--bias-swiglu-fusion"], (True, None, None)),
+        (["--no-bias-swiglu-fusion", "--no-rope-fusion"], (False, False, None)),
+        (["--apply-rope-fusion", "--gradient-accumulation-fusion"], (None, True, True)),
+        (["--no-gradient-accumulation-fusion"], (None, None, False)),
+    ],
+)
+def test_fusion_flags_turn_each_fusion_on_or_off(args, expected, monkeypatch):
+    cfg = parse_megatron_args(args)
+    names = ("bias_swiglu", "apply_rope", "gradient_accumulation")
+    assert tuple(getattr(cfg, f"{n}_fusion") for n in names) == expected
+    for cuda in (False, True):  # unset means: on with CUDA
+        monkeypatch.setattr("torch.cuda.is_available", lambda cuda=cuda: cuda)
+        for name, value in zip(names, expected, strict=True):
+            assert cfg.fused(name) is (cuda if value is None else value), (name, cuda)
+
+
+def test_the_model_config_takes_the_fusions(monkeypatch):
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from vime.training.megatron import fusions
+    from vime.training.megatron.arch import GPTArch
+    from vime.training.megatron.model import transformer_config
+
+    arch = GPTArch(
+        model_type="qwen3", num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1,
+        head_dim=32, ffn_hidden_size=128, vocab_size=96, rope_theta=1e4, norm_eps=1e-6,
+        qkv_bias=False, qk_norm=True, tied_embeddings=True, max_position_embeddings=64,
+    )  # fmt: skip
+    on = transformer_config(arch, parse_megatron_args(["--apply-rope-fusion",
+        "--gradient-accumulation-fusion", "--bias-swiglu-fusion"]), initialize=False)  # fmt: skip
+    assert (on.apply_rope_fusion, on.gradient_accumulation_fusion) == (True, True)
+    assert on.bias_activation_fusion
+    assert rope_utils.fused_apply_rotary_pos_emb is fusions.fused_apply_rotary_pos_emb
+    off = transformer_config(arch, parse_megatron_args(UNFUSED), initialize=False)
+    assert not (off.apply_rope_fusion or off.gradient_accumulation_fusion)
+    assert not off.bias_activation_fusion
+
+
+UNFUSED = ["--no-bias-swiglu-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion"]

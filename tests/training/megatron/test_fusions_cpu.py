@@ -37,3 +37,49 @@ def test_packed_attention_takes_the_bounds_from_the_host():
     assert host_bounds(params) == [0, 3, 7]
     params.cu_seqlens_q = None  # read once, then kept: a second layer does not read again
     assert host_bounds(params) == [0, 3, 7]
+
+
+@pytest.mark.slow
+def test_rope_and_wgrad_kernels_equal_megatron_unfused_code():
+    from fusions_cpu import rope_and_wgrad_kernels
+
+    diffs = spawn(rope_and_wgrad_kernels, 1, backend="gloo")[0]
+    for case in ("bshd", "bshd_partial", "thd", "thd_offsets"):
+        assert diffs[f"{case}_changed"] > 0.1, case
+        assert diffs[f"{case}_out"] < 1e-6, (case, diffs)
+        assert diffs[f"{case}_grad"] < 1e-6, (case, diffs)
+    assert diffs["wgrad_fp32"] < 1e-5, diffs
+    assert diffs["wgrad_bf16_inputs"] < 1e-5, diffs
+
+
+FUSED = ["--apply-rope-fusion", "--gradient-accumulation-fusion"]
+UNFUSED = ["--no-rope-fusion", "--no-gradient-accumulation-fusion"]
+STEP_TOKENS = [list(range(3, 16)), list(range(40, 48)), list(range(60, 71))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("per_sequence", [False, True], ids=["packed", "per-sequence"])
+def test_fused_rope_and_wgrad_accumulation_step_like_unfused(tiny_models, per_sequence):
+    """A whole train step with both fusions equals the unfused one in fp32: logprobs before
+    the step, the loss and every parameter's accumulated gradient. Packed: one thd
+    micro-batch of three sequences; per-sequence: three bshd micro-batches whose weight
+    gradients accumulate in main_grad."""
+    from fusions_cpu import step_with_counts
+
+    folder = str(tiny_models["qwen3"])
+    args = (folder, STEP_TOKENS, per_sequence)
+    base = spawn(step_with_counts, 1, args[0], UNFUSED, *args[1:], backend="gloo")[0]
+    fused = spawn(step_with_counts, 1, args[0], FUSED, *args[1:], backend="gloo")[0]
+    calls = fused["fused_calls"]
+    rope = "fused_apply_rotary_pos_emb" if per_sequence else "fused_apply_rotary_pos_emb_thd"
+    layers = 2 * len(STEP_TOKENS) if per_sequence else 2
+    assert calls.get(rope, 0) >= layers, calls  # query and key of every layer's forward
+    assert calls.get("wgrad_gemm_accum_fp32", 0) > 0, calls
+    assert base["fused_calls"] == {}, base["fused_calls"]
+    for a, b in zip(fused["before"], base["before"], strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=2e-6, rtol=0)
+    assert fused["metrics"]["loss"] == pytest.approx(base["metrics"]["loss"], abs=1e-6)
+    assert base["grads"].keys() == fused["grads"].keys()
+    for name, g in base["grads"].items():
+        assert g.abs().max() > 0, name
+        assert torch.allclose(fused["grads"][name], g, atol=5e-6, rtol=1e-5), name

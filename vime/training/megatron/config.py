@@ -1,5 +1,5 @@
 """Megatron's own flags (TP/PP/DP/EP layout, distributed optimizer, precision, recompute, MoE
-aux loss, SwiGLU fusion), typed.
+aux loss, fusions), typed.
 
 They arrive as passthrough arguments, spelled as Megatron spells them
 (``--tensor-model-parallel-size 2 --use-distributed-optimizer --bf16``), and are parsed once
@@ -32,8 +32,21 @@ class MegatronConfig:
     overlap_grad_reduce: bool = False
     expert_model_parallel_size: int = 1
     moe_aux_loss_coeff: float = 0.0
-    # Megatron's fused SwiGLU (one kernel each way, through torch.compile on first use).
-    bias_swiglu_fusion: bool = False
+    # Fusions; None means on with CUDA, off on the CPU (where compiling costs more than it
+    # saves on tiny models). SwiGLU: megatron-core's torch.compile'd kernel; RoPE and weight-
+    # gradient accumulation: vime.training.megatron.fusions.
+    bias_swiglu_fusion: bool | None = None
+    apply_rope_fusion: bool | None = None
+    gradient_accumulation_fusion: bool | None = None
+
+    def fused(self, name: Literal["bias_swiglu", "apply_rope", "gradient_accumulation"]) -> bool:
+        """Whether the ``name`` fusion is on: its flag, else on with CUDA."""
+        value = getattr(self, f"{name}_fusion")
+        if value is not None:
+            return bool(value)
+        import torch
+
+        return torch.cuda.is_available()
 
     def __post_init__(self) -> None:
         if self.expert_model_parallel_size < 1:
@@ -104,7 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context-parallel-size", type=int, default=1)
     p.add_argument("--expert-model-parallel-size", type=int, default=1)
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
-    p.add_argument("--bias-swiglu-fusion", action="store_true")
+    for name in ("bias-swiglu", "rope", "gradient-accumulation"):
+        dest = "apply_rope_fusion" if name == "rope" else f"{name.replace('-', '_')}_fusion"
+        flag = "apply-rope" if name == "rope" else name
+        p.add_argument(f"--{flag}-fusion", dest=dest, action="store_true", default=None)
+        p.add_argument(f"--no-{name}-fusion", dest=dest, action="store_false")
     return p
 
 
@@ -117,7 +134,8 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
             "--tensor-model-parallel-size, --pipeline-model-parallel-size, "
             "--use-distributed-optimizer, --bf16, --recompute-granularity, --recompute-method, "
             "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce, "
-            "--expert-model-parallel-size, --moe-aux-loss-coeff, --bias-swiglu-fusion"
+            "--expert-model-parallel-size, --moe-aux-loss-coeff, --[no-]bias-swiglu-fusion, "
+            "--apply-rope-fusion/--no-rope-fusion, --[no-]gradient-accumulation-fusion"
         )
     if known.fp16:
         raise ConfigError("--fp16 is not supported by the Megatron backend; use --bf16")
@@ -147,4 +165,6 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
         expert_model_parallel_size=known.expert_model_parallel_size,
         moe_aux_loss_coeff=known.moe_aux_loss_coeff,
         bias_swiglu_fusion=known.bias_swiglu_fusion,
+        apply_rope_fusion=known.apply_rope_fusion,
+        gradient_accumulation_fusion=known.gradient_accumulation_fusion,
     )

@@ -215,6 +215,11 @@ def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool)
     from megatron.core.transformer import TransformerConfig
 
     dtype = torch.bfloat16 if mcfg.bf16 else torch.float32
+    rope_fusion, wgrad_fusion = mcfg.fused("apply_rope"), mcfg.fused("gradient_accumulation")
+    if rope_fusion or wgrad_fusion:
+        from vime.training.megatron import fusions
+
+        fusions.install()  # before TransformerConfig: it checks that the RoPE kernel exists
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -237,13 +242,13 @@ def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool)
         tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
         pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
         sequence_parallel=False,
-        # megatron-core's SwiGLU fusion is torch.compile'd torch code (--bias-swiglu-fusion);
-        # the other fusions need TransformerEngine or Apex kernels this backend does not use.
-        bias_activation_fusion=mcfg.bias_swiglu_fusion,
-        apply_rope_fusion=False,
+        # SwiGLU: megatron-core's torch.compile'd code; RoPE and weight-gradient accumulation:
+        # our kernels (fusions.py). The other fusions need TransformerEngine or Apex kernels.
+        bias_activation_fusion=mcfg.fused("bias_swiglu"),
+        apply_rope_fusion=rope_fusion,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=wgrad_fusion,
         persist_layer_norm=False,
         recompute_granularity=mcfg.recompute_granularity,
         recompute_method=mcfg.recompute_method,

@@ -1,0 +1,131 @@
+"""Spawned-process helpers of test_fusions_cpu.py: a train step with fusion counters, and the
+RoPE/weight-gradient kernels against megatron-core's unfused code (torch.compile'd kernels stay
+out of the pytest process, where they changed later tests' results)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from megatron_cpu import run_one_step
+
+FUSION_SLOTS = (
+    ("megatron.core.tensor_parallel.layers", "fused_weight_gradient_mlp_cuda"),
+    ("megatron.core.models.common.embeddings.rope_utils", "fused_apply_rotary_pos_emb"),
+    ("megatron.core.models.common.embeddings.rope_utils", "fused_apply_rotary_pos_emb_thd"),
+)
+
+
+def _count_fused_calls(trainer: Any) -> dict[str, Any]:
+    """Wrap megatron-core's fusion slots so the step records how often each kernel ran."""
+    import importlib
+
+    calls: dict[str, int] = {}
+    for module_name, slot in FUSION_SLOTS:
+        module = importlib.import_module(module_name)
+        target = getattr(module, slot, None)
+        if target is None:
+            continue
+        if slot == "fused_weight_gradient_mlp_cuda":
+            inner = target.wgrad_gemm_accum_fp32
+            target.wgrad_gemm_accum_fp32 = _counted(inner, calls, "wgrad_gemm_accum_fp32")
+        else:
+            setattr(module, slot, _counted(target, calls, slot))
+    return {"fused_calls": calls}
+
+
+def _counted(fn: Any, calls: dict[str, int], key: str) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls[key] = calls.get(key, 0) + 1
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def step_with_counts(
+    folder: str, args: list[str], token_lists: list[list[int]], per_sequence: bool
+) -> dict[str, Any]:
+    """One train step (:func:`megatron_cpu.run_one_step`) and how often each fused kernel ran."""
+    return run_one_step(
+        folder, args, token_lists, per_sequence=per_sequence, watch=_count_fused_calls
+    )
+
+
+def rope_and_wgrad_kernels() -> dict[str, float]:
+    """Max abs differences of the fused kernels from megatron-core's unfused code in fp32:
+    RoPE forward and input gradient (bshd, thd with restarts, thd in exact-offset mode, a
+    partial rotary dim) and the accumulated weight gradient."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from vime.training.megatron import fusions
+
+    g = torch.Generator().manual_seed(3)
+    out: dict[str, float] = {}
+
+    def compare(name: str, fused: Any, unfused: Any, t: torch.Tensor) -> None:
+        a = t.clone().requires_grad_()
+        b = t.clone().requires_grad_()
+        ya, yb = fused(a), unfused(b)
+        w = torch.randn(ya.shape, generator=g)
+        (ya * w).sum().backward()
+        (yb * w).sum().backward()
+        out[f"{name}_out"] = float((ya - yb).abs().max())
+        out[f"{name}_grad"] = float((a.grad - b.grad).abs().max())
+        out[f"{name}_changed"] = float((yb - t).abs().max())  # the rotation did something
+
+    freqs = _freqs(12, 16)
+    t = torch.randn(12, 2, 3, 16, generator=g)
+    compare(
+        "bshd",
+        lambda x: fusions.fused_apply_rotary_pos_emb(x, freqs),
+        lambda x: rope_utils._apply_rotary_pos_emb_bshd(x, freqs),
+        t,
+    )
+    partial = _freqs(12, 8)
+    compare(
+        "bshd_partial",
+        lambda x: fusions.fused_apply_rotary_pos_emb(x, partial),
+        lambda x: rope_utils._apply_rotary_pos_emb_bshd(x, partial),
+        t,
+    )
+    cp = _CpGroup()
+    cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    packed = torch.randn(20, 3, 16, generator=g)
+    for name, f in (("thd", _freqs(8, 16)), ("thd_offsets", _freqs(20, 16))):
+        compare(
+            name,
+            lambda x, f=f: fusions.fused_apply_rotary_pos_emb_thd(x, cu, f),
+            lambda x, f=f: rope_utils._apply_rotary_pos_emb_thd(x, cu, f, cp_group=cp),
+            packed,
+        )
+
+    x, dy = torch.randn(40, 24, generator=g), torch.randn(40, 56, generator=g)
+    start = torch.randn(56, 24, generator=g)
+    main = start.clone()
+    fusions.wgrad_gemm_accum_fp32(x, dy, main)
+    fusions.wgrad_gemm_accum_fp32(x[:7], dy[:7], main)
+    expected = start + dy.t() @ x + dy[:7].t() @ x[:7]
+    out["wgrad_fp32"] = float((main - expected).abs().max())
+    bf = start.clone()
+    fusions.wgrad_gemm_accum_fp32(x.bfloat16(), dy.bfloat16(), bf)
+    ref = start + (dy.bfloat16().t() @ x.bfloat16()).float()
+    out["wgrad_bf16_inputs"] = float((bf - ref).abs().max())
+    return out
+
+
+def _freqs(positions: int, dim: int) -> torch.Tensor:
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    f = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+    return torch.cat((f, f), dim=-1)[:, None, None, :]
+
+
+class _CpGroup:
+    """A context-parallel group of one, as megatron-core's thd RoPE asks for."""
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0

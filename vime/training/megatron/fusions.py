@@ -1,0 +1,125 @@
+"""Fused kernels for two of megatron-core's fusion slots that otherwise need Apex or
+TransformerEngine, which this backend does not install.
+
+- **Weight-gradient accumulation** (``gradient_accumulation_fusion``): megatron-core's linears
+  call ``fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(input, grad_output, main_grad)``
+  to add ``grad_outputᵀ · input`` straight into the fp32 ``main_grad`` buffer. Without it each
+  weight gradient is first written as a bf16 tensor and then added to ``main_grad`` by a
+  separate kernel, per parameter and micro-batch. Here it is one GEMM with ``beta=1`` into the
+  fp32 buffer (torch's ``out_dtype`` GEMM on CUDA; an fp32 ``addmm_`` otherwise).
+- **RoPE** (``apply_rope_fusion``): megatron-core's unfused rotary embedding runs a chunk, a
+  negation, a concatenation, two multiplications and an addition each way per query and key,
+  and its packed (``thd``) form reads the sequence bounds back to the host in every layer.
+  Here the rotation is one ``torch.compile``'d function each way, and packed positions are
+  computed on the device.
+
+:func:`install` puts both where megatron-core looks for them; the model builder calls it before
+building layers whose config enables either fusion.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import torch
+
+
+def wgrad_gemm_accum_fp32(
+    total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor
+) -> None:
+    """``main_grad += grad_outputᵀ · total_input`` with fp32 accumulation, in place.
+
+    ``total_input`` is ``[tokens, in]``, ``grad_output`` ``[tokens, out]``, ``main_grad``
+    ``[out, in]`` fp32.
+    """
+    if total_input.dtype == torch.float32:
+        main_grad.addmm_(grad_output.t(), total_input)
+    elif main_grad.is_cuda:
+        torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
+    else:  # no mixed-precision GEMM on this device: product in the input dtype, then the add
+        main_grad.add_(grad_output.t() @ total_input)
+
+
+def wgrad_gemm_accum_fp16(
+    total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor
+) -> None:
+    """``main_grad += grad_outputᵀ · total_input`` for a bf16/fp16 ``main_grad``."""
+    main_grad.addmm_(grad_output.t().to(main_grad.dtype), total_input.to(main_grad.dtype))
+
+
+def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``t·cos + rotate_half(t)·sin`` over the last dimension (non-interleaved halves)."""
+    half = t.shape[-1] // 2
+    t1, t2 = t[..., :half], t[..., half:]
+    return torch.cat(
+        (t1 * cos[..., :half] - t2 * sin[..., :half], t2 * cos[..., half:] + t1 * sin[..., half:]),
+        dim=-1,
+    )
+
+
+@functools.cache
+def _compiled_rotate() -> Any:
+    # dynamic: RL micro-batches change length every step; one graph serves them all.
+    return torch.compile(_rotate, dynamic=True)
+
+
+def _apply(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """RoPE of ``t`` (``[..., d]``) with ``freqs`` broadcastable to it (``[..., rot_dim]``)."""
+    rot = freqs.shape[-1]
+    # cos/sin in fp32, then rounded to t's dtype: megatron-core's unfused order.
+    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
+    if rot == t.shape[-1]:
+        return _compiled_rotate()(t, cos, sin)
+    return torch.cat((_compiled_rotate()(t[..., :rot], cos, sin), t[..., rot:]), dim=-1)
+
+
+def fused_apply_rotary_pos_emb(
+    t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False, **_: Any
+) -> torch.Tensor:
+    """RoPE of ``[s, b, heads, d]`` ``t`` with ``[s, 1, 1, rot_dim]`` ``freqs``."""
+    if interleaved:
+        raise NotImplementedError("fused RoPE: interleaved rotary layout is not supported")
+    return _apply(t, freqs[: t.shape[0]])
+
+
+def fused_apply_rotary_pos_emb_thd(
+    t: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    freqs: torch.Tensor,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    **_: Any,
+) -> torch.Tensor:
+    """RoPE of packed ``[tokens, heads, d]`` ``t`` whose sequences start at ``cu_seqlens``.
+
+    Positions restart at each sequence; when ``freqs`` covers every packed token (megatron's
+    exact-offset mode) token ``i`` takes ``freqs[i]``. Computed on the device: no host read.
+    """
+    if cp_size != 1:
+        raise NotImplementedError("fused RoPE: context parallelism is not supported")
+    tokens = t.shape[0]
+    index = torch.arange(tokens, device=t.device)
+    if freqs.shape[0] == tokens:
+        positions = index
+    else:
+        starts = cu_seqlens.to(index.dtype)
+        owner = torch.searchsorted(starts[1:], index, right=True)
+        positions = index - starts[owner]
+    return _apply(t, freqs[positions].reshape(tokens, 1, freqs.shape[-1]))
+
+
+def install() -> None:
+    """Make megatron-core use these kernels for ``gradient_accumulation_fusion`` and
+    ``apply_rope_fusion`` (idempotent)."""
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.tensor_parallel import layers
+
+    layers.fused_weight_gradient_mlp_cuda = types.SimpleNamespace(
+        wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32,
+        wgrad_gemm_accum_fp16=wgrad_gemm_accum_fp16,
+    )
+    layers._grad_accum_fusion_available = True
+    rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
+    rope_utils.fused_apply_rotary_pos_emb_thd = fused_apply_rotary_pos_emb_thd
