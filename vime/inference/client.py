@@ -7,11 +7,14 @@ comes from the ``x-vime-weight-version`` header that Vime's engine middleware se
 vLLM's per-token spans on the token-in path). Plain aiohttp and ``json``: an SDK's pydantic
 parsing and httpcore's pool cost more than the whole rollout loop at a thousand episodes.
 
-Retries happen only when the request cannot have reached an engine (the connection was
-refused, or the router answered 503 with no worker); a request that was accepted and then
-failed ends as :class:`RequestAborted` with a reason, so a generation never silently runs
-twice on the client's account. Cancelling the awaiting task closes the connection, which
-makes vLLM abort the generation.
+Retries happen only when no engine can answer the request: the connection was refused,
+the router answered 503 (no worker: every engine is out, e.g. restarting), or the router
+could not reach the engine it chose (it died under the request, so no reply can come from
+it). They go on with backoff for ``max_retries`` attempts or ``retry_seconds``, whichever
+is longer, so a training run waits out an engine restart. A request that an engine accepted
+and then failed ends as :class:`RequestAborted` with a reason, so a generation never
+silently runs twice on the client's account. Cancelling the awaiting task closes the
+connection, which makes vLLM abort the generation.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +35,10 @@ VERSION_HEADER = "x-vime-weight-version"
 ENGINE_HEADER = "x-vime-engine"
 _CONTEXT_MARKERS = ("maximum context length", "max_model_len", "context length", "too long")
 _MESSAGE_EXTRAS = ("refusal", "annotations", "audio", "function_call", "reasoning")
+# vllm-router's 500 when the engine it picked cannot be reached (dead, or died mid-request,
+# after the router's own retries): that engine will never answer, so the request is sent again.
+_ENGINE_UNREACHABLE = "error sending request for url"
+_MAX_BACKOFF_S = 5.0
 
 
 def _version(value: object) -> int | None:
@@ -62,6 +70,11 @@ def _status_error(status: int, text: str) -> InferenceError:
     return InferenceError(f"HTTP {status}: {message[:500]}")
 
 
+def _no_engine_answered(status: int, text: str) -> bool:
+    """The router had no engine for the request, or lost the one it chose."""
+    return status == 503 or (status == 500 and _ENGINE_UNREACHABLE in text)
+
+
 def _error_message(text: str) -> str:
     try:
         body = json.loads(text)
@@ -89,6 +102,7 @@ class VimeClient:
         timeout: float = 600.0,
         max_retries: int = 3,
         retry_backoff: float = 0.5,
+        retry_seconds: float = 0.0,
         max_connections: int = 4096,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -97,6 +111,7 @@ class VimeClient:
         self.timeout = timeout
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff
+        self.retry_seconds = retry_seconds
         self.max_connections = max_connections
         self._auth = {"Authorization": f"Bearer {api_key}"}
         self._http: Any = None  # an aiohttp session, made in the loop that first uses it
@@ -152,14 +167,19 @@ class VimeClient:
         import aiohttp
 
         attempt = 0
+        deadline = time.monotonic() + self.retry_seconds
+
+        def give_up() -> bool:
+            return attempt >= self.max_retries and time.monotonic() >= deadline
+
         while True:
             try:
                 status, text, headers = await once()
-                if status != 503 or attempt >= self.max_retries:
+                if not _no_engine_answered(status, text) or give_up():
                     return status, text, headers
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Never reached a server: safe to send again.
-                if attempt >= self.max_retries:
+                if give_up():
                     raise InferenceError(
                         f"cannot connect to the inference server: {exc!r}"
                     ) from exc
@@ -172,7 +192,7 @@ class VimeClient:
                     "connection_lost", f"the connection dropped while the request ran: {exc!r}"
                 ) from exc
             attempt += 1
-            await asyncio.sleep(self.retry_backoff * 2 ** (attempt - 1))
+            await asyncio.sleep(min(_MAX_BACKOFF_S, self.retry_backoff * 2 ** (attempt - 1)))
 
     # -- chat --------------------------------------------------------------------------
     async def chat(

@@ -63,7 +63,13 @@ class RLLoop:
         self.out = Path(self.run.output_dir)
         self.state = RunState()
         self.buffer: list[list[Trajectory]] = []
-        self.client = client = VimeClient(cluster.base_url, model=cluster.model_name)
+        # A request that finds no engine (one restarting after a crash) waits for one as long
+        # as the service waits for an engine to start, instead of failing its episode.
+        self.client = client = VimeClient(
+            cluster.base_url,
+            model=cluster.model_name,
+            retry_seconds=setup.serve.engine_start_timeout,
+        )
         from transformers import AutoTokenizer
 
         renderer = ChatTemplateRenderer(AutoTokenizer.from_pretrained(self.run.model))
@@ -311,7 +317,7 @@ class RLLoop:
         producer = asyncio.create_task(produce())
         try:
             while self.state.step < self.run.num_steps:
-                groups, metrics, _ = await queue.get()
+                groups, metrics, _ = await _next_batch(queue, producer)
                 waiting.pop(0)
                 ahead.release()
                 metrics = dict(metrics)
@@ -339,6 +345,20 @@ class RLLoop:
             sum(metrics.get(k, 0.0) for k in ("time/rollout_s", "time/train_s", "time/sync_s"))
         )
         progress(self.state.step, metrics)
+
+
+async def _next_batch(queue: asyncio.Queue, producer: asyncio.Task) -> Any:
+    """The next rolled-out batch, or the error that stopped the producer (a rollout whose
+    every episode failed, say): waiting on the queue alone would wait forever."""
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return getter.result()
+    finally:
+        getter.cancel()  # a no-op once it has its item
+    producer.result()  # raises what stopped it
+    raise VimeError("the rollout producer stopped without an error")
 
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
