@@ -40,11 +40,28 @@ def test_lora_flags_reach_the_trainer_and_only_adapters_train(tiny_model, tmp_pa
     assert any("lora_B" in n for n in changed)
 
 
-def test_quickstart_takes_the_lora_flags():
+ALL_LINEAR = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def test_quickstart_takes_the_lora_flags_with_the_lora_lr_and_targets():
     setup = build_setup(
         parse_args(["train", "--quickstart", "--lora-rank", "8", "--lora-alpha", "16"])
     )
     assert (setup.trainer.lora_rank, setup.trainer.lora_alpha) == (8, 16)
     assert setup.trainer.backend == "torch"
-    # Without the flags the preset trains the full model.
-    assert build_setup(parse_args(["train", "--quickstart"])).trainer.lora_rank == 0
+    assert (setup.trainer.lr, setup.trainer.lora_target_modules) == (1e-3, ALL_LINEAR)
+    # Without LoRA (or with rank 0) the preset trains the full model at its own lr.
+    for extra in ([], ["--lora-rank=0"]):
+        full = build_setup(parse_args(["train", "--quickstart", *extra])).trainer
+        assert (full.lora_rank, full.lr) == (0, 2e-5)
+
+
+def test_flags_win_over_the_quickstart_lora_overlay():
+    argv = ["train", "--quickstart", "--lora-rank=4", "--lr", "3e-4"]
+    argv += ["--lora-target-modules", "q_proj,v_proj"]
+    trainer = build_setup(parse_args(argv)).trainer
+    assert (trainer.lora_rank, trainer.lr, trainer.lora_target_modules) == (
+        4,
+        3e-4,
+        "q_proj,v_proj",
+    )

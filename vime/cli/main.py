@@ -69,9 +69,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ``args.passthrough_args`` for commands that accept them (Megatron), else are an error.
     """
     if argv and argv[0] == "train" and "--quickstart" in argv:
-        from vime.cli.train_cmd import QUICKSTART
+        from vime.cli.train_cmd import quickstart_configs
 
-        argv = ["train", "--config", str(QUICKSTART), *argv[1:]]
+        argv = ["train", *quickstart_configs(argv[1:]), *argv[1:]]
     if argv and argv[0] in {"serve", "rollout", "train", "eval"}:
         argv = [argv[0], *expand_config_flag(argv[1:])]
     parser = build_parser()

@@ -11,7 +11,10 @@ from vime.cli.common import add_command
 if TYPE_CHECKING:
     from vime.orchestration.setup import TrainSetup
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "orchestration" / "presets" / "quickstart.yaml"
+PRESETS = Path(__file__).resolve().parents[1] / "orchestration" / "presets"
+QUICKSTART = PRESETS / "quickstart.yaml"
+# Laid over the quickstart when --lora-rank is above 0: LoRA needs its own lr (README).
+QUICKSTART_LORA = PRESETS / "quickstart_lora.yaml"
 
 # Options that one run-level flag sets for several components (see TrainSetup's views).
 SHARED = {"seed", "model", "hf_checkpoint", "rollout_temperature", "vllm_args", "router_args"}
@@ -22,6 +25,21 @@ RENAMED = {
     "--rollout-top-p": "--top-p",
     "--rollout-max-response-len": "--max-tokens",
 }
+
+
+def quickstart_configs(argv: list[str]) -> list[str]:
+    """The ``--config`` flags of ``--quickstart``: the preset, plus its LoRA overlay when
+    ``argv`` asks for LoRA (``--lora-rank`` above 0). Flags in ``argv`` still win."""
+    configs = ["--config", str(QUICKSTART)]
+    rank = None
+    for i, tok in enumerate(argv):
+        if tok == "--lora-rank" and i + 1 < len(argv):
+            rank = argv[i + 1]
+        elif tok.startswith("--lora-rank="):
+            rank = tok.split("=", 1)[1]
+    if rank is not None and rank.isdigit() and int(rank) > 0:
+        configs += ["--config", str(QUICKSTART_LORA)]
+    return configs
 
 
 def _config_classes() -> list[tuple[str, type, str]]:
@@ -59,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quickstart",
         action="store_true",
-        help=f"the CPU quickstart preset ({QUICKSTART.name}); other flags override it",
+        help=f"the CPU quickstart preset ({QUICKSTART.name}, and {QUICKSTART_LORA.name} "
+        "with --lora-rank); other flags override it",
     )
     for name, cls, title in _config_classes():
         add_options(parser, cls, title, exclude=set() if name == "run" else SHARED)

