@@ -245,12 +245,15 @@ def _steps_redone(run: Run, before: int) -> int:
 
 
 # -- faults ---------------------------------------------------------------------------------
-def _mid_step(run: Run, rng: random.Random, timeout: float = 600) -> str:
+def _mid_step(run: Run, rng: random.Random, timeout: float = 600, max_delay: float = 3.0) -> str:
     """Wait until step 1 is logged, then a random fraction of a typical step."""
     wait_for(lambda: run.steps_done() >= 1, timeout, "step 1")
-    delay = rng.uniform(0.0, 3.0)
+    delay = rng.uniform(0.0, max_delay)
     time.sleep(delay)
     return f"step {run.steps_done() + 1} +{delay:.1f}s"
+
+
+ENGINE = b"vllm.entrypoints.openai.api_server"
 
 
 def _kill_process(pattern: bytes, sig: int = signal.SIGKILL) -> Callable:
@@ -264,12 +267,41 @@ def _kill_process(pattern: bytes, sig: int = signal.SIGKILL) -> Callable:
     return inject
 
 
+def _kill_engine_mid_rollout(run: Run, rng: random.Random, o: Outcome) -> float:
+    """kill -9 of the engine while it generates: after step 1 and a random delay, at the next
+    moment its /metrics shows a running request (a tiny model's rollout lasts a fraction of a
+    second, so a plain random moment mostly falls between rollouts)."""
+    o.point = _mid_step(run, rng, max_delay=0.5)
+    pid = wait_for(lambda: run.processes(ENGINE), 60, "engine")[0]
+    argv = read_bytes(f"/proc/{pid}/cmdline").split(b"\0")
+    url = f"http://127.0.0.1:{int(argv[argv.index(b'--port') + 1])}/metrics"
+
+    def generating() -> bool:
+        if run.proc is not None and run.proc.poll() is not None:
+            raise RuntimeError("the run ended before a request ran on the engine: fault missed")
+        return _requests_running(url) > 0
+
+    wait_for(generating, 120, "a request running on the engine", poll=0.02)
+    _signal(pid, signal.SIGKILL)
+    o.extra["steps_at_fault"] = run.steps_done()
+    return time.time()
+
+
+def _requests_running(metrics_url: str) -> float:
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(metrics_url, timeout=2).read().decode()
+    except OSError:
+        return 0.0
+    rows = [x for x in text.splitlines() if x.startswith("vllm:num_requests_running")]
+    return sum(float(x.rsplit(" ", 1)[1]) for x in rows)
+
+
 def _hang_engine(hang_s: float) -> Callable:
     def inject(run: Run, rng: random.Random, o: Outcome) -> float:
         o.point = _mid_step(run, rng)
-        pid = wait_for(lambda: run.processes(b"vllm.entrypoints.openai.api_server"), 60, "engine")[
-            0
-        ]
+        pid = wait_for(lambda: run.processes(ENGINE), 60, "engine")[0]
         group = os.getpgid(pid)  # the engine's own session: its EngineCore too
         os.killpg(group, signal.SIGSTOP)
         at = time.time()
@@ -455,9 +487,7 @@ def _error_line(log: str) -> str:
 POISON = {"env reset raises": "reset", "env step raises": "step", "grader times out": "grader"}
 
 FAULTS: dict[str, Callable[[Run, random.Random], Outcome]] = {
-    "engine kill -9": fault_in_run(
-        "engine kill -9", _kill_process(b"vllm.entrypoints.openai.api_server")
-    ),
+    "engine kill -9": fault_in_run("engine kill -9", _kill_engine_mid_rollout),
     # vllm-router renames its process "vllm::router".
     "router kill -9": fault_in_run("router kill -9", _kill_process(b"vllm::router")),
     "engine SIGSTOP 90s": fault_in_run("engine SIGSTOP 90s", _hang_engine(90.0)),

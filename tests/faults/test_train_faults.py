@@ -55,7 +55,16 @@ def test_a_driver_killed_while_writing_a_checkpoint_resumes_without_training_twi
     check_zeros(o)
 
 
-@pytest.mark.parametrize("fault", ["engine kill -9", "router kill -9", "engine SIGSTOP 90s"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_run_survives_an_engine_killed_mid_rollout(faults, tmp_path, mode):
+    # In async mode this once left the run idle for good: the batch rolled out while the
+    # engine restarted failed every episode, and the driver never heard its producer died.
+    o = faults.run_fault("engine kill -9", tmp_path, mode)
+    check_zeros(o)
+    assert o.extra["steps_at_fault"] < 4 and o.recover_s is not None, o
+
+
+@pytest.mark.parametrize("fault", ["router kill -9", "engine SIGSTOP 90s"])
 def test_the_run_survives_a_dead_or_hung_process(faults, tmp_path, fault):
     check_zeros(faults.run_fault(fault, tmp_path))
 
