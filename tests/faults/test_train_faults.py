@@ -51,7 +51,7 @@ def test_a_driver_killed_while_writing_a_checkpoint_resumes_without_training_twi
     faults, tmp_path
 ):
     o = faults.run_fault("driver SIGKILL during checkpoint", tmp_path)
-    assert o.extra["leftovers_after_kill"] == 0
+    assert o.extra["leftovers_after_kill"] == 0, o
     check_zeros(o)
 
 
