@@ -150,7 +150,7 @@ def build_trainer(backend: str, model: str, folder: Path, seq_len: int, extra: l
     from vime.training.torch_backend import TorchTrainer
 
     class RandomTorchTrainer(TorchTrainer):
-        def _load_model(self) -> torch.nn.Module:
+        def _pretrained(self) -> torch.nn.Module:
             with torch.device(self.device):
                 return AutoModelForCausalLM.from_config(
                     qwen3_config(model), dtype=torch.float32, attn_implementation="sdpa"
@@ -215,6 +215,9 @@ def attention_backends(choice: str) -> Any:
     return sdpa_kernel(order, set_priority=True)
 
 
+STACK_OPS = {"aten::copy_", "aten::add_", "aten::mul", "aten::cat", "aten::_to_copy", "aten::sum"}
+
+
 def profile_step(trainer: Any, batch: Any) -> None:
     """Print the GPU kernels of one train step by total time, how busy the GPU was, and the
     torch ops that launched them (device time including children)."""
@@ -223,7 +226,7 @@ def profile_step(trainer: Any, batch: Any) -> None:
 
     torch.cuda.synchronize()
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         trainer.train_step(batch)
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
@@ -235,6 +238,12 @@ def profile_step(trainer: Any, batch: Any) -> None:
     ops.sort(key=lambda e: -e.device_time_total)
     for e in ops[:40]:
         print(f"OP {e.key:40} {e.device_time_total / 1e3:9.1f} ms  calls {e.count}")
+    # Where the elementwise time comes from: the Python frames that launched the top ops.
+    stacked = [e for e in prof.key_averages(group_by_stack_n=6) if e.key in STACK_OPS]
+    stacked.sort(key=lambda e: -e.device_time_total)
+    for e in stacked[:24]:
+        frames = " <- ".join(f for f in e.stack if "torch/" not in f)[:400]
+        print(f"STACK {e.key} {e.device_time_total / 1e3:.1f} ms calls {e.count}: {frames}")
 
 
 def measure(trainer: Any, batch: Any, arch: Any, args: argparse.Namespace) -> dict[str, Any]:

@@ -80,5 +80,8 @@ def build_optimizer(
         lr=lr_at(1, config),
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_eps,
+        # One kernel per parameter group on CUDA instead of a dozen foreach passes over the
+        # fp32 state (Qwen3-4B on an H200: 32 ms a step instead of ~100 ms). Same math.
+        fused=all(p.is_cuda for g in groups for p in g["params"]) or None,
     )
     return optimizer, LRSchedule(optimizer, config)

@@ -55,15 +55,22 @@ class TorchTrainer(Trainer):
 
         self.optimizer, self.schedule = build_optimizer(self.model, config)
 
-    def _load_model(self) -> torch.nn.Module:
+    def _pretrained(self) -> torch.nn.Module:
+        """The HF model with fp32 weights on this trainer's device."""
         import torch
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(
+        return AutoModelForCausalLM.from_pretrained(
             self.config.hf_checkpoint,
             dtype=torch.float32,
             attn_implementation=self.config.attn_implementation,
         ).to(self.device)
+
+    def _load_model(self) -> torch.nn.Module:
+        """:meth:`_pretrained`, with LoRA, checkpointing, compute dtype and FSDP2 applied."""
+        import torch
+
+        model = self._pretrained()
         if self.config.lora_rank > 0:
             from vime.training.lora import apply_lora
 

@@ -70,21 +70,8 @@ class SDPAttention(torch.nn.Module):
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``[b, s, h, d]`` query and ``[b, s, g, d]`` key/value -> ``[b, s, h, d]``."""
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if k.shape[1] != q.shape[1]:
-            # Key/value tensors are small; repeating them keeps every SDPA kernel eligible.
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=True,
-            scale=self.softmax_scale,
-        )
-        return out.transpose(1, 2)
+        dropout = self.dropout if self.training else 0.0
+        return causal_sdpa(q, k, v, dropout=dropout, scale=self.softmax_scale)
 
     def forward(
         self,
@@ -109,6 +96,36 @@ class SDPAttention(torch.nn.Module):
             return out.reshape(out.shape[0], -1)
         out = self._sdpa(*(t.transpose(0, 1) for t in (query, key, value)))
         return out.transpose(0, 1).reshape(query.shape[0], query.shape[1], -1)
+
+
+def causal_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dropout: float = 0.0,
+    scale: float | None = None,
+    gqa: bool | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``[b, s, h, d]`` queries over ``[b, s, g, d]`` keys/values (``g``
+    dividing ``h``) -> ``[b, s, h, d]``.
+
+    ``gqa`` (default: on CUDA) hands SDPA the grouped key/value heads as they are
+    (``enable_gqa``); the fused CUDA kernels read the groups directly, saving the repeat's
+    copies forward and their reduction backward (H200, Qwen3-4B shape: 1.13 vs 1.22 ms per
+    call). On CPU only SDPA's math kernel takes ``enable_gqa``, so the heads are repeated there
+    to keep the fused CPU kernel. Both give the same values (tested in fp32).
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    grouped = k.shape[1] != q.shape[1]
+    gqa = grouped and (q.is_cuda if gqa is None else gqa)
+    if grouped and not gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(
+        q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
+    )
+    return out.transpose(1, 2)
 
 
 def host_bounds(packed_seq_params: Any) -> list[int]:

@@ -195,8 +195,10 @@ class MegatronTrainer(Trainer):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        from vime.training.megatron import multi_tensor
         from vime.training.optim import LRSchedule, lr_at
 
+        multi_tensor.install()  # no host sync per parameter in the grad norm and clipping
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=self.mcfg.overlap_grad_reduce,
