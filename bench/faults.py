@@ -86,6 +86,7 @@ class Run:
         self.drivers: list[int] = []  # pids of every `vime train` started (sandbox owners)
         self.extra_args: tuple[str, ...] = ()
         self.left_behind: list[str] = []  # command lines of the leftovers found, for the report
+        self.cleared_s = 0.0  # how long the last leftovers() waited for the run's processes
 
     def argv(self, *extra: str) -> list[str]:
         return [
@@ -159,9 +160,10 @@ class Run:
     def leftovers(self, grace_s: float = 20.0) -> int:
         """Processes and containers of this run still there ``grace_s`` after it ended
         (then removed, so that they do not disturb the next run)."""
-        deadline = time.monotonic() + grace_s
-        while (self.processes() or self.containers()) and time.monotonic() < deadline:
-            time.sleep(1)
+        start = time.monotonic()
+        while (self.processes() or self.containers()) and time.monotonic() < start + grace_s:
+            time.sleep(0.25)
+        self.cleared_s = round(time.monotonic() - start, 1)
         left, boxes = self.processes(), self.containers()
         self.left_behind += [
             read_bytes(f"/proc/{p}/cmdline")[:80].decode(errors="replace") for p in left
@@ -422,6 +424,7 @@ def driver_kill_in_checkpoint(run: Run, rng: random.Random) -> Outcome:
     run.kill_driver()
     o.point = f"writing step_{target:06d}"
     o.extra["leftovers_after_kill"] = run.leftovers()
+    o.extra["cleared_after_kill_s"] = run.cleared_s
     _resume(run, o, run.steps_done(), run.checkpoint_step())
     return account(run, o, None)
 

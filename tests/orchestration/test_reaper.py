@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
-from vime.orchestration.reaper import pid_alive, session_processes, spawn_reaper
+from vime.orchestration.ray_cluster import _run_tag
+from vime.orchestration.reaper import TAG_VAR, pid_alive, session_processes, spawn_reaper
 
 
 def wait_dead(pid: int, timeout: float = 20.0) -> bool:
@@ -97,3 +99,45 @@ def test_a_retitled_child_and_a_holder_of_session_files_are_reaped(tmp_path) -> 
         for p in (parent, holder, owner):
             p.kill()
             p.wait()
+
+
+def test_an_orphan_that_only_carries_the_run_tag_is_reaped() -> None:
+    """An engine whose actor exited first is re-parented away from the session and holds none
+    of its files (the raylet died with the driver): only the run's tag still names it."""
+    session, tag = f"session_test_{uuid.uuid4().hex}", uuid.uuid4().hex
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    orphan = subprocess.Popen(sleep, env={**os.environ, TAG_VAR: tag}, start_new_session=True)
+    other = subprocess.Popen(sleep, env={**os.environ, TAG_VAR: uuid.uuid4().hex})
+    owner = subprocess.Popen(sleep)
+    try:
+        deadline = time.monotonic() + 20  # the child's environment is readable once it runs
+        while orphan.pid not in session_processes(session, tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert session_processes(session) == []  # the session's own traces miss it
+        assert session_processes(session, tag) == [orphan.pid]
+        reaper = spawn_reaper(owner.pid, session, tag)
+        time.sleep(1.5)
+        assert pid_alive(orphan.pid)  # the owner lives: nothing is touched
+        owner.kill()
+        owner.wait()
+        assert wait_dead(orphan.pid, timeout=10)
+        assert reaper.wait(timeout=20) == 0
+        assert pid_alive(other.pid)  # another run's tag is not this run's
+    finally:
+        for p in (orphan, other, owner):
+            p.kill()
+            p.wait()
+
+
+def test_the_run_tag_is_set_for_a_local_cluster_only_and_restored_after() -> None:
+    before = os.environ.get(TAG_VAR)
+    with _run_tag(enabled=True) as tag:
+        assert tag and os.environ[TAG_VAR] == tag
+        child = subprocess.run(
+            [sys.executable, "-c", f"import os; print(os.environ[{TAG_VAR!r}])"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert child.stdout.strip() == tag
+    assert os.environ.get(TAG_VAR) == before
+    with _run_tag(enabled=False) as tag:
+        assert tag is None and os.environ.get(TAG_VAR) == before

@@ -48,19 +48,40 @@ def ray_cluster(cfg: RayConfig) -> Iterator[dict[str, float]]:
         kwargs["num_cpus"] = cfg.num_cpus or os.cpu_count()
         if cfg.resources:
             kwargs["resources"] = dict(cfg.resources)
-    try:
-        _init_with_retries(ray, kwargs)
-    except ConnectionError as exc:
-        raise ConfigError(f"--ray-address {cfg.address}: cannot connect to Ray: {exc}") from None
-    if not cfg.address:
-        from vime.orchestration.reaper import spawn_reaper
+    with _run_tag(enabled=not cfg.address) as tag:
+        try:
+            _init_with_retries(ray, kwargs)
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"--ray-address {cfg.address}: cannot connect to Ray: {exc}"
+            ) from None
+        if not cfg.address:
+            from vime.orchestration.reaper import spawn_reaper
 
-        session = Path(_session_dir()).name
-        spawn_reaper(os.getpid(), session)
+            spawn_reaper(os.getpid(), Path(_session_dir()).name, tag)
+        try:
+            yield dict(ray.cluster_resources())
+        finally:
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def _run_tag(enabled: bool) -> Iterator[str | None]:
+    """Tag the processes a local cluster's run starts (the reaper finds them by it) while
+    the cluster lives; set before Ray starts, so that its processes inherit it too."""
+    if not enabled:
+        yield None
+        return
+    from vime.orchestration.reaper import TAG_VAR, tag_run
+
+    previous = os.environ.get(TAG_VAR)
     try:
-        yield dict(ray.cluster_resources())
+        yield tag_run()
     finally:
-        ray.shutdown()
+        if previous is None:
+            os.environ.pop(TAG_VAR, None)
+        else:
+            os.environ[TAG_VAR] = previous
 
 
 def create_placement_groups(plan: PlacementPlan, timeout_s: float = 120.0) -> dict[str, Any]:
