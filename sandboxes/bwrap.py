@@ -1,5 +1,6 @@
 """The bubblewrap command line of the ``local`` backend: which host paths a sandbox sees, which
-namespaces it gets, and the rlimits (through ``prlimit``) its command runs under."""
+namespaces it gets, and the rlimits (through ``vime-sandbox-launch`` or ``prlimit``) its command
+runs under."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import os
 import shutil
 import stat
+import sysconfig
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 from vime.sandboxes.base import SandboxError, SandboxLimits
 
 WORKDIR = "/work"  # where the sandbox's private work dir appears inside
+LAUNCHER = "vime-sandbox-launch"  # see launcher.c
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Host files under /etc that programs need (dynamic linker cache, user names, time zone,
@@ -47,6 +50,13 @@ def find_tool(name: str) -> str:
         hint = INSTALL_HINT if name == "bwrap" else f"install util-linux (it provides {name})"
         raise SandboxError(f"{name!r} was not found on {PATH}: {hint}")
     return path
+
+
+def find_launcher() -> str | None:
+    """``vime-sandbox-launch`` (built from ``launcher.c`` by scripts/install.sh) in this
+    environment's scripts directory, or None where it was not built."""
+    path = os.path.join(sysconfig.get_path("scripts"), LAUNCHER)
+    return path if os.access(path, os.X_OK) else None
 
 
 def _etc_paths() -> list[str]:
@@ -127,15 +137,16 @@ def base_env(home: str) -> dict[str, str]:
     return {"PATH": PATH, "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 
 
-def rlimit_argv(prlimit: str, limits: SandboxLimits) -> list[str]:
-    """``prlimit`` flags that apply ``limits`` to the command it execs (soft = hard).
+def rlimit_argv(tool: Sequence[str], limits: SandboxLimits) -> list[str]:
+    """``tool`` (``prlimit`` or the launcher, which take the same flags) with the flags that
+    apply ``limits`` (soft = hard) to the command it execs, up to its ``--``.
 
     RLIMIT_CPU gets a hard limit one second above the soft one so the command first sees
     SIGXCPU; RLIMIT_CORE is 0 so crashes leave no core files in the work dir.
     """
     cpu = int(limits.cpu_seconds)
     return [
-        prlimit,
+        *tool,
         f"--cpu={cpu}:{cpu + 1}",
         f"--as={int(limits.memory_bytes)}",
         f"--nproc={int(limits.max_processes)}",
