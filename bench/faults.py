@@ -545,10 +545,15 @@ def table(outcomes: list[Outcome]) -> str:
             str(sum(o.steps_twice for o in group)),
             f"{max(o.steps_lost for o in group)} ({max(o.since_checkpoint for o in group)})",
             f"{rec[len(rec) // 2]:.0f}" if rec else "-",
-            str(sum(o.leftovers + o.extra.get("leftovers_after_stop", 0) for o in group)),
+            str(sum(o.leftovers + _left_midway(o) for o in group)),
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _left_midway(o: Outcome) -> int:
+    """Leftovers counted before a resume: after a clean stop, or 20 s after a driver kill."""
+    return o.extra.get("leftovers_after_stop", 0) + o.extra.get("leftovers_after_kill", 0)
 
 
 def busy_engine(minutes: float, concurrency: int = 64, max_tokens: int = 200) -> dict:

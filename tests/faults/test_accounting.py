@@ -34,7 +34,9 @@ def test_the_table_has_one_row_per_fault_with_every_column(faults):
     outcomes = [
         faults.Outcome("engine kill -9", "sync", finished=True, recover_s=12.0),
         faults.Outcome("engine kill -9", "async", finished=False, lost_silently=1, leftovers=2),
+        faults.Outcome("driver SIGKILL", "sync", True, extra={"leftovers_after_kill": 3}),
     ]
     lines = faults.table(outcomes).splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert lines[2] == "| engine kill -9 | sync, async | 1/2 | 1 | 0 | 0 | 0 (0) | 12 | 2 |"
+    assert lines[3].endswith("| 3 |")  # left 20 s after the kill, before the resume
