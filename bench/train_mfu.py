@@ -147,13 +147,17 @@ def build_trainer(backend: str, model: str, folder: Path, seq_len: int, extra: l
         return MegatronTrainer(config, megatron_args=["--bf16", *extra], load_weights=False)
     from transformers import AutoModelForCausalLM
 
+    from vime.training.attention import register_hf_attention
     from vime.training.torch_backend import TorchTrainer
 
     class RandomTorchTrainer(TorchTrainer):
         def _pretrained(self) -> torch.nn.Module:
+            register_hf_attention()
             with torch.device(self.device):
                 return AutoModelForCausalLM.from_config(
-                    qwen3_config(model), dtype=torch.float32, attn_implementation="sdpa"
+                    qwen3_config(model),
+                    dtype=torch.float32,
+                    attn_implementation=self.config.attn_implementation,
                 )
 
     return RandomTorchTrainer(config)

@@ -1,15 +1,23 @@
-"""SDPA core attention: grouped key/value heads handed to SDPA as they are (``enable_gqa``, the
-CUDA default) give the same outputs and gradients as heads repeated to the query's count, and
-both equal causal attention written out from its definition."""
+"""Causal attention of both backends: grouped key/value heads handed to SDPA as they are
+(``enable_gqa``, the CUDA default) equal heads repeated to the query's count and attention
+written out from its definition; packed sequences attend only within themselves, and the
+transformers ``packed_sdpa`` implementation equals transformers' own block-masked SDPA."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from vime.training.megatron.model import causal_sdpa
+from vime.training.attention import (
+    HF_PACKED_SDPA,
+    causal_sdpa,
+    hf_packed_sdpa,
+    packed_causal_sdpa,
+    register_hf_attention,
+)
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -57,3 +65,75 @@ def test_default_repeats_on_cpu_and_keeps_the_layout() -> None:
     out = causal_sdpa(q, k, k.clone())
     assert out.shape == (1, 5, 4, 8)
     torch.testing.assert_close(out, causal_sdpa(q, k, k.clone(), gqa=True), atol=1e-6, rtol=0)
+
+
+def test_packed_sequences_attend_only_within_themselves() -> None:
+    gen = torch.Generator().manual_seed(7)
+    bounds = [0, 5, 6, 13]
+    q, k, v = (torch.randn(1, 13, h, 8, generator=gen) for h in (4, 2, 2))
+    out = packed_causal_sdpa(q, k, v, bounds)
+    for a, b in itertools.pairwise(bounds):
+        alone = reference(q[:, a:b], k[:, a:b], v[:, a:b])
+        torch.testing.assert_close(out[:, a:b], alone, atol=2e-6, rtol=1e-5)
+    # Changing the first sequence leaves the others' outputs exactly as they were.
+    k2 = k.clone()
+    k2[:, :5] += 1.0
+    again = packed_causal_sdpa(q, k2, v, bounds)
+    assert torch.equal(again[:, 5:], out[:, 5:]) and not torch.equal(again[:, :5], out[:, :5])
+
+
+@pytest.mark.parametrize(
+    "bounds,match",
+    [([0, 5], "do not cover the 13 tokens"), ([1, 13], "do not cover"), ([0], "do not cover")],
+)
+def test_packed_bounds_must_cover_the_row(bounds, match) -> None:
+    q = torch.randn(1, 13, 2, 8)
+    with pytest.raises(ValueError, match=match):
+        packed_causal_sdpa(q, q, q, bounds)
+
+
+def tiny_qwen3(attn: str):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    register_hf_attention()
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        attn_implementation=attn,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+def test_hf_packed_sdpa_equals_transformers_sdpa_and_sequences_alone() -> None:
+    lengths = [6, 3, 9]
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 64, (1, sum(lengths)), generator=gen)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    bounds = (0, 6, 9, 18)
+    ours, theirs = tiny_qwen3(HF_PACKED_SDPA), tiny_qwen3("sdpa")
+    theirs.load_state_dict(ours.state_dict())
+
+    logits = ours(input_ids=ids, position_ids=positions, vime_bounds=bounds, use_cache=False).logits
+    # use_cache=False: with a cache transformers does not look for packed sequences.
+    block_masked = theirs(input_ids=ids, position_ids=positions, use_cache=False).logits
+    torch.testing.assert_close(logits, block_masked, atol=1e-5, rtol=1e-5)
+    for a, b in itertools.pairwise(bounds):
+        alone = ours(input_ids=ids[:, a:b]).logits
+        torch.testing.assert_close(logits[:, a:b], alone, atol=1e-5, rtol=1e-5)
+    # Without vime_bounds the sequence starts are read from the positions.
+    from_positions = ours(input_ids=ids, position_ids=positions).logits
+    torch.testing.assert_close(from_positions, logits, atol=0, rtol=0)
+
+
+def test_hf_packed_sdpa_refuses_what_it_cannot_do() -> None:
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match=r"sliding-window.*use --attn-implementation sdpa"):
+        hf_packed_sdpa(torch.nn.Module(), q, q, q, None, sliding_window=4)
+    with pytest.raises(ValueError, match="no padding mask"):
+        hf_packed_sdpa(torch.nn.Module(), q, q, q, torch.ones(1, 1, 5, 5, dtype=torch.bool))

@@ -54,7 +54,12 @@ class TrainerConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = option(
         "auto", help="parameter dtype; auto means float32 on CPU and bfloat16 on GPU"
     )
-    attn_implementation: str = option("sdpa", help="transformers attention implementation")
+    attn_implementation: str = option(
+        "packed_sdpa",
+        help="torch backend's attention: packed_sdpa runs torch SDPA's causal kernel once per "
+        "packed sequence; a transformers implementation (sdpa, eager, flex_attention) attends "
+        "over the whole packed micro-batch through a block-causal mask",
+    )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
     rollout_temperature: float = option(
         1.0, help="sampling temperature of the rollouts; logits are divided by it"

@@ -60,6 +60,9 @@ class TorchTrainer(Trainer):
         import torch
         from transformers import AutoModelForCausalLM
 
+        from vime.training.attention import register_hf_attention
+
+        register_hf_attention()
         return AutoModelForCausalLM.from_pretrained(
             self.config.hf_checkpoint,
             dtype=torch.float32,
@@ -152,6 +155,7 @@ class TorchTrainer(Trainer):
                     # A cache would make transformers skip packed-sequence detection and let
                     # attention cross sequence boundaries.
                     use_cache=False,
+                    vime_bounds=tuple(inputs.cu_seqlens),  # read by packed_sdpa only
                 )
         finally:
             del head.forward  # the class's forward again

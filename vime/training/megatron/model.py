@@ -9,12 +9,12 @@ top-k router and local (unfused, one MLP per expert) experts.
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from vime.training.attention import causal_sdpa, packed_causal_sdpa
 from vime.training.megatron.arch import GPTArch
 
 if TYPE_CHECKING:
@@ -69,10 +69,6 @@ class SDPAttention(torch.nn.Module):
         self.softmax_scale = softmax_scale
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
 
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        dropout = self.dropout if self.training else 0.0
-        return causal_sdpa(q, k, v, dropout=dropout, scale=self.softmax_scale)
-
     def forward(
         self,
         query: torch.Tensor,
@@ -86,46 +82,18 @@ class SDPAttention(torch.nn.Module):
         """Attention output, flattened over heads."""
         if attention_bias is not None:
             raise ValueError("SDPAttention does not take an attention bias")
+        dropout = self.dropout if self.training else 0.0
         if packed_seq_params is not None:
             bounds = host_bounds(packed_seq_params)
-            outs = [
-                self._sdpa(query[None, a:b], key[None, a:b], value[None, a:b])[0]
-                for a, b in itertools.pairwise(bounds)
-            ]
-            out = torch.cat(outs) if len(outs) > 1 else outs[0]
-            return out.reshape(out.shape[0], -1)
-        out = self._sdpa(*(t.transpose(0, 1) for t in (query, key, value)))
+            packed = (query[None], key[None], value[None])
+            out = packed_causal_sdpa(*packed, bounds, dropout=dropout, scale=self.softmax_scale)
+            return out[0].reshape(query.shape[0], -1)
+        out = causal_sdpa(
+            *(t.transpose(0, 1) for t in (query, key, value)),
+            dropout=dropout,
+            scale=self.softmax_scale,
+        )
         return out.transpose(0, 1).reshape(query.shape[0], query.shape[1], -1)
-
-
-def causal_sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    dropout: float = 0.0,
-    scale: float | None = None,
-    gqa: bool | None = None,
-) -> torch.Tensor:
-    """Causal attention of ``[b, s, h, d]`` queries over ``[b, s, g, d]`` keys/values (``g``
-    dividing ``h``) -> ``[b, s, h, d]``.
-
-    ``gqa`` (default: on CUDA) hands SDPA the grouped key/value heads as they are
-    (``enable_gqa``); the fused CUDA kernels read the groups directly, saving the repeat's
-    copies forward and their reduction backward (H200, Qwen3-4B shape: 1.13 vs 1.22 ms per
-    call). On CPU only SDPA's math kernel takes ``enable_gqa``, so the heads are repeated there
-    to keep the fused CPU kernel. Both give the same values (tested in fp32).
-    """
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    grouped = k.shape[1] != q.shape[1]
-    gqa = grouped and (q.is_cuda if gqa is None else gqa)
-    if grouped and not gqa:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    out = F.scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
-    )
-    return out.transpose(1, 2)
 
 
 def host_bounds(packed_seq_params: Any) -> list[int]:
