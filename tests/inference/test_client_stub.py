@@ -90,73 +90,62 @@ async def test_refused_connections_are_retried_until_the_engine_is_up():
     assert sample.text == "hi"
 
 
+class CountingFault:
+    """A stub fault that answers ``response()`` while ``failing(calls)`` holds (then lets the
+    policy answer) and counts the requests it saw."""
+
+    def __init__(self, response, failing=lambda calls: True) -> None:
+        self.response, self.failing, self.calls = response, failing, 0
+
+    def __call__(self, path: str, body: dict):
+        self.calls += 1
+        return self.response() if self.failing(self.calls) else None
+
+
+def no_workers():
+    return web.json_response({"error": "No available workers"}, status=503)
+
+
 async def test_a_router_without_workers_is_retried_then_reported():
-    calls = 0
-
-    def busy(path: str, body: dict):
-        nonlocal calls
-        calls += 1
-        return web.json_response({"error": "no workers"}, status=503)
-
-    async with StubServer(fault=busy) as stub:
+    fault = CountingFault(no_workers)
+    async with StubServer(fault=fault) as stub:
         client = VimeClient(stub.url, model="stub", max_retries=2, retry_backoff=0.0)
         with pytest.raises(RequestAborted, match="HTTP 503") as info:
             await client.chat(HELLO)
         await client.close()
-    assert calls == 3 and info.value.reason == "server_error"
+    assert fault.calls == 3 and info.value.reason == "server_error"
 
 
 async def test_an_engine_lost_by_the_router_is_retried_until_one_answers():
     # vllm-router's 500 when its engine died under the request (measured against the real
     # router with a worker killed mid-request); a restarted engine answers the retry.
-    calls = 0
-
-    def restarting(path: str, body: dict):
-        nonlocal calls
-        calls += 1
-        if calls <= 2:
-            text = "Request failed: error sending request for url (http://127.0.0.1:1/v1/chat)"
-            return web.Response(text=text, status=500)
-        return None
-
-    async with StubServer(policy=reply("back"), fault=restarting) as stub:
+    text = "Request failed: error sending request for url (http://127.0.0.1:1/v1/chat)"
+    fault = CountingFault(lambda: web.Response(text=text, status=500), lambda calls: calls <= 2)
+    async with StubServer(policy=reply("back"), fault=fault) as stub:
         client = VimeClient(stub.url, model="stub", retry_backoff=0.0)
         sample = await client.chat(HELLO)
         await client.close()
-    assert sample.text == "back" and calls == 3
+    assert sample.text == "back" and fault.calls == 3
 
 
 async def test_retry_seconds_waits_out_an_engine_restart_past_max_retries():
     # A training run's client: every engine out (the router answers 503) for 1.5 s, longer
     # than max_retries attempts take, and the request still gets its answer.
-    restarted_at = asyncio.get_running_loop().time() + 1.5
-    calls = 0
-
-    def no_worker(path: str, body: dict):
-        nonlocal calls
-        calls += 1
-        if asyncio.get_running_loop().time() < restarted_at:
-            return web.json_response({"error": "No available workers"}, status=503)
-        return None
-
-    async with StubServer(policy=reply("back"), fault=no_worker) as stub:
+    loop = asyncio.get_running_loop()
+    restarted_at = loop.time() + 1.5
+    fault = CountingFault(no_workers, lambda calls: loop.time() < restarted_at)
+    async with StubServer(policy=reply("back"), fault=fault) as stub:
         client = VimeClient(
             stub.url, model="stub", max_retries=1, retry_backoff=0.1, retry_seconds=30
         )
         sample = await client.chat(HELLO)
         await client.close()
-    assert sample.text == "back" and calls > 2
+    assert sample.text == "back" and fault.calls > 2
 
 
 async def test_retry_seconds_is_a_bound_then_the_request_is_reported():
-    calls = 0
-
-    def no_worker(path: str, body: dict):
-        nonlocal calls
-        calls += 1
-        return web.json_response({"error": "No available workers"}, status=503)
-
-    async with StubServer(fault=no_worker) as stub:
+    fault = CountingFault(no_workers)
+    async with StubServer(fault=fault) as stub:
         client = VimeClient(
             stub.url, model="stub", max_retries=0, retry_backoff=0.05, retry_seconds=0.5
         )
@@ -165,23 +154,17 @@ async def test_retry_seconds_is_a_bound_then_the_request_is_reported():
             await client.chat(HELLO)
         waited = asyncio.get_running_loop().time() - start
         await client.close()
-    assert 0.5 <= waited < 3.0 and calls > 2
+    assert 0.5 <= waited < 3.0 and fault.calls > 2
 
 
 async def test_a_request_that_was_accepted_and_dropped_is_not_retried():
-    calls = 0
-
-    def dying(path: str, body: dict):
-        nonlocal calls
-        calls += 1
-        return DROP
-
-    async with StubServer(fault=dying) as stub:
+    fault = CountingFault(lambda: DROP)
+    async with StubServer(fault=fault) as stub:
         client = VimeClient(stub.url, model="stub", retry_backoff=0.0)
         with pytest.raises(RequestAborted) as info:
             await client.chat(HELLO)
         await client.close()
-    assert calls == 1 and info.value.reason == "connection_lost"
+    assert fault.calls == 1 and info.value.reason == "connection_lost"
 
 
 @pytest.mark.parametrize(
