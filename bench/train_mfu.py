@@ -123,7 +123,14 @@ class PlainLoop:
         return {"loss": float(torch.stack(losses).mean())}
 
 
-def build_trainer(backend: str, model: str, folder: Path, seq_len: int, extra: list[str]) -> Any:
+def build_trainer(
+    backend: str,
+    model: str,
+    folder: Path,
+    seq_len: int,
+    extra: list[str],
+    attn: str = "packed_sdpa",
+) -> Any:
     """A random-weight trainer of ``backend`` (or the ``plain`` baseline) for ``model``."""
     import torch
     from qwen3_shapes import qwen3_config, write_config_folder
@@ -140,6 +147,7 @@ def build_trainer(backend: str, model: str, folder: Path, seq_len: int, extra: l
         lr=1e-6,
         max_tokens_per_micro_batch=seq_len,
         dtype="bfloat16",
+        attn_implementation=attn,
     )
     if backend == "megatron":
         from vime.training.megatron.trainer import MegatronTrainer
@@ -199,6 +207,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             Path(tmp),
             args.seq_len * args.pack,
             args.megatron_args.split(),
+            args.attn,
         )
     batch = make_batch(args.samples, args.seq_len, arch.vocab_size)
     with attention_backends(args.sdpa):
@@ -295,9 +304,11 @@ def main() -> None:
     p.add_argument(
         "--backends",
         default="plain,megatron+export,torch",
-        help="comma-separated variants: backend[+cudnn][+pack2][+unfused][+profile][+export]; "
+        help="comma-separated variants: "
+        "backend[+cudnn][+packN][+masked][+unfused][+profile][+export]; "
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
-        "cuDNN attention first; pack2: two sequences per micro-batch; unfused: megatron without "
+        "cuDNN attention first; packN: N sequences per micro-batch; masked: the torch backend "
+        "with transformers' block-masked sdpa instead of packed_sdpa; unfused: megatron without "
         "its SwiGLU, RoPE and weight-gradient accumulation fusions, which are on by default on "
         "CUDA; export: time export_weights; profile: print a kernel profile of one step)",
     )
@@ -311,6 +322,7 @@ def main() -> None:
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)
     p.add_argument("--sdpa", default="default", help=argparse.SUPPRESS)
     p.add_argument("--pack", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--attn", default="packed_sdpa", help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -332,7 +344,9 @@ def main() -> None:
             fused = UNFUSED if "unfused" in opts else ""
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
-            cmd += ["--pack=2"] if "pack2" in opts else []
+            packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
+            cmd += [f"--pack={packs[0]}"] if packs else []
+            cmd += ["--attn=sdpa"] if "masked" in opts else []
             cmd += ["--profile"] if "profile" in opts else []
             cmd += ["--export"] if "export" in opts else []
             started = time.perf_counter()
