@@ -86,37 +86,10 @@ def signed_batch(token_lists: list[list[int]]) -> Any:
     return TrainBatch(samples)
 
 
-def run_megatron(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
-    """One rank of a distributed Megatron run on CPU: logprobs, one train step, the export,
-    the logprobs after the step and the plan's micro-batch counts."""
-    from vime.training.base import TrainerConfig
-    from vime.training.megatron.trainer import MegatronTrainer
-
-    batch = signed_batch(token_lists)
-    longest = max(len(ids) for ids in token_lists)
-    with cpu_shim():
-        # One sequence per micro-batch: data-parallel ranks then hold unequal numbers of
-        # micro-batches, and the rank with fewer runs dummy ones.
-        config = TrainerConfig(
-            hf_checkpoint=folder,
-            backend="megatron",
-            seed=7,
-            lr=1e-3,
-            max_tokens_per_micro_batch=longest,
-        )
-        trainer = MegatronTrainer(config, megatron_args=args)
-        logprobs = [t.tolist() for t in trainer.compute_logprobs(batch)]
-        exported = {n: t.clone() for b in trainer.export_weights() for n, t in b}
-        metrics = trainer.train_step(batch)
-        after = [t.tolist() for t in trainer.compute_logprobs(batch)]
-        plan = [mb.dummy for mb in trainer._plan(batch)]
-    return {
-        "logprobs": logprobs,
-        "exported": exported,
-        "metrics": metrics,
-        "after": after,
-        "dummies": plan,
-    }
+def run_per_sequence(folder: str, args: list[str], token_lists: list[list[int]]) -> dict[str, Any]:
+    """:func:`run_one_step` with one sequence per micro-batch: data-parallel ranks then hold
+    unequal numbers of micro-batches, and the rank with fewer runs dummy ones."""
+    return run_one_step(folder, args, token_lists, per_sequence=True)
 
 
 def _full_on_every_rank(trainer: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -156,8 +129,9 @@ def run_one_step(
     Returns the logprobs ``before`` the step, the HF ``exported`` weights before it (rank 0's;
     empty elsewhere), the full gradient the optimizer is handed (before clipping), the step's
     ``metrics`` and ``step_logprobs``, the full ``weights`` after the step and the logprobs
-    ``after`` it. ``gather(trainer, local)`` makes this rank's tensors full-model ones (TP
-    shards by default; experts, pipeline stages). ``per_sequence`` puts one sequence in each
+    ``after`` it, and which of this rank's micro-batches are ``dummies``.
+    ``gather(trainer, local)`` makes this rank's tensors full-model ones (TP shards by default;
+    experts, pipeline stages). ``per_sequence`` puts one sequence in each
     micro-batch (else one micro-batch holds them all). ``watch(trainer)``, called before the
     step, returns a dict filled in during it, merged into the result.
     """
@@ -186,6 +160,7 @@ def run_one_step(
 
         trainer.optimizer.step = step_after_snapshot
         watched = {} if watch is None else watch(trainer)
+        dummies = [mb.dummy for mb in trainer._plan(batch)]
         metrics = trainer.train_step(batch)
         step_logprobs = [t.tolist() for t in trainer.step_logprobs()]
         weights = gather(trainer, dict(trainer.module.named_parameters()))
@@ -198,6 +173,7 @@ def run_one_step(
         "step_logprobs": step_logprobs,
         "weights": weights,
         "after": after,
+        "dummies": dummies,
         **watched,
     }
 
