@@ -605,6 +605,17 @@ def busy_engine(minutes: float, concurrency: int = 64, max_tokens: int = 200) ->
             "worst_failed_health_checks": worst, "restarts": restarts, "events": events}  # fmt: skip
 
 
+def _run_or_record(name: str, work: Path, mode: str, seed: int) -> Outcome:
+    """:func:`run_fault`, with a harness error (a fault missed, a wait timed out) recorded as an
+    unfinished run with its reason, so that one bad run does not end the matrix."""
+    try:
+        return run_fault(name, work, mode, seed)
+    except Exception as e:  # any error of the harness is the run's outcome
+        return Outcome(
+            name, mode, point=f"seed {seed}", message=f"harness: {type(e).__name__}: {e}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--faults", default="all", help="comma-separated names, or 'all'")
@@ -625,7 +636,7 @@ def main() -> None:
     for name in names:
         for mode in args.modes.split(","):
             for seed in range(args.repeats):
-                o = run_fault(name, args.out, mode, seed)
+                o = _run_or_record(name, args.out, mode, seed)
                 outcomes.append(o)
                 print(json.dumps(asdict(o)), flush=True)
                 with (args.out / "outcomes.jsonl").open("a") as f:

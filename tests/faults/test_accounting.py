@@ -40,3 +40,25 @@ def test_the_table_has_one_row_per_fault_with_every_column(faults):
     assert len(lines) == 4
     assert lines[2] == "| engine kill -9 | sync, async | 1/2 | 1 | 0 | 0 | 0 (0) | 12 | 2 |"
     assert lines[3].endswith("| 3 |")  # left 20 s after the kill, before the resume
+
+
+def test_a_run_the_harness_fails_on_is_recorded_unfinished_and_the_matrix_goes_on(
+    faults, tmp_path, monkeypatch, capsys
+):
+    def missed(run, rng):
+        raise RuntimeError("the run ended before a request ran on the engine: fault missed")
+
+    def survived(run, rng):
+        return faults.Outcome("fine", run.mode, finished=True)
+
+    monkeypatch.setattr(faults, "FAULTS", {"flaky": missed, "fine": survived})
+    monkeypatch.setattr(faults.Run, "leftovers", lambda self, grace_s=20.0: 0)
+    monkeypatch.setattr(faults, "_tiny_model", lambda path: path)
+    argv = ["faults.py", "--faults", "flaky,fine", "--modes", "sync", "--repeats", "2"]
+    monkeypatch.setattr("sys.argv", [*argv, "--out", str(tmp_path)])
+    faults.main()
+    rows = [json.loads(x) for x in (tmp_path / "outcomes.jsonl").read_text().splitlines()]
+    expected = [("flaky", False), ("flaky", False), ("fine", True), ("fine", True)]
+    assert [(r["fault"], r["finished"]) for r in rows] == expected
+    assert rows[1]["point"] == "seed 1" and "fault missed" in rows[1]["message"]
+    assert "| flaky | sync | 0/2 |" in capsys.readouterr().out
