@@ -85,3 +85,29 @@ def test_a_vocab_parallel_output_layer_over_two_ranks_equals_one_rank():
         torch.testing.assert_close(ent, want_ent, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(gh, want_gh, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(gw, want_gw[rank * 27 : (rank + 1) * 27], rtol=1e-12, atol=1e-12)
+
+
+def test_rows_score_only_those_positions_with_the_unfused_values_and_gradients():
+    hidden, weight, targets, coef_lp, coef_ent = inputs(seed=5, dtype=F64)
+    rows = torch.tensor([0, 3, 4, 5, 19, 36])
+    lp, ent = token_logprobs_and_entropy(hidden, weight, targets, chunk_tokens=4, rows=rows)
+    gh, gw = torch.autograd.grad((lp * coef_lp).sum() + (ent * coef_ent).sum(), (hidden, weight))
+    ref_lp, ref_ent = reference(hidden, weight, targets)
+    keep = torch.zeros(hidden.shape[0], dtype=torch.bool)
+    keep[rows] = True
+    ref_lp, ref_ent = ref_lp.where(keep, 0.0), ref_ent.where(keep, 0.0)
+    want_gh, want_gw = torch.autograd.grad(
+        (ref_lp * coef_lp).sum() + (ref_ent * coef_ent).sum(), (hidden, weight)
+    )
+    assert (lp[~keep] == 0).all() and (ent[~keep] == 0).all()
+    assert (gh[~keep] == 0).all()  # an unscored row gets no gradient
+    for a, b in ((lp, ref_lp), (ent, ref_ent), (gh, want_gh), (gw, want_gw)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_rows_are_refused_with_the_range():
+    h, w, t = torch.zeros(4, 8), torch.zeros(10, 8), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"rows must lie in 0 \.\. 3, got 1 \.\. 4"):
+        token_logprobs_and_entropy(h, w, t, rows=torch.tensor([1, 4]))
+    with pytest.raises(ValueError, match="1-D int64"):
+        token_logprobs_and_entropy(h, w, t, rows=torch.tensor([1.0]))

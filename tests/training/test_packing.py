@@ -57,3 +57,19 @@ def test_packed_inputs_restart_positions_per_sequence():
     assert inputs.input_ids.tolist() == [[1, 2, 3, 4, 5]]
     assert inputs.position_ids.tolist() == [[0, 1, 2, 0, 1]]
     assert inputs.cu_seqlens == [0, 3, 5]
+
+
+def test_loss_rows_are_the_rows_that_score_loss_mask_tokens():
+    # A multi-turn sample: prompt, response, tool output (masked), response; then a second one.
+    samples = [
+        TrainSample([1, 2, 3, 4, 5, 6], [0, 1, 1, 0, 1, 0], [0.0] * 6, [0.0, -1, -1, 0, -1, 0]),
+        TrainSample([7, 8, 9], [0, 0, 1], [0.0] * 3, [0.0, 0.0, -1.0]),
+    ]
+    mb = pack([6, 3], 16)[0]
+    assert mb.indices == (0, 1)
+    inputs = pack_inputs(samples, mb, loss_rows_only=True)
+    # Row t scores token t + 1: tokens 1, 2, 4 of the first sample, token 2 of the second (at 6).
+    assert inputs.scored_rows.tolist() == [0, 1, 3, 7]
+    assert pack_inputs(samples, mb).scored_rows is None
+    dummy = plan_micro_batches([6], 16, world_size=2)[1][0]
+    assert pack_inputs(samples, dummy, loss_rows_only=True).scored_rows is None

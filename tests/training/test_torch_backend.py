@@ -194,7 +194,48 @@ def test_step_logprobs_are_the_trained_samples_under_the_weights_before_the_step
     trainer.train_step(batch)
     kept = trainer.step_logprobs()
     assert [len(lp) for lp in kept] == [s.num_tokens for s in batch]
-    for a, b in zip(before, kept, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    for s, a, b in zip(batch, before, kept, strict=True):
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(b[mask], a[mask], atol=1e-5, rtol=0)
+        assert (b[~mask] == 0).all()  # the step scores loss-mask tokens only
     after = trainer.compute_logprobs(batch)
     assert float((after[0] - kept[0]).abs().max()) > 1e-3  # the step moved the policy
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_scoring_only_loss_rows_changes_no_step_result(untied_qwen3, monkeypatch, entropy_coef):
+    # The step sends only loss-mask rows through the output layer; the same step with every
+    # row scored must give the same loss, metrics, updated weights and kept logprobs.
+    import vime.training.packing as packing
+
+    def batch() -> TrainBatch:
+        b = make_batch(8)
+        for s in b:  # a tool-output hole in each response, as in a multi-turn episode
+            hole = len(s.loss_mask) - 3
+            s.loss_mask[hole] = 0
+            s.advantages[hole] = s.rollout_logprobs[hole] = 0.0
+        return b
+
+    def step() -> tuple[dict, dict, list]:
+        from vime.algorithms.config import LossConfig
+
+        loss = LossConfig(entropy_coef=entropy_coef)
+        trainer = TorchTrainer(config(untied_qwen3, lr=1e-3), loss)
+        metrics = trainer.train_step(batch())
+        weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        return metrics, weights, trainer.step_logprobs()
+
+    fast = step()
+    original = packing.pack_inputs
+    monkeypatch.setattr(packing, "pack_inputs", lambda s, mb, loss_rows_only=False: original(s, mb))
+    full = step()
+    for key in ("loss", "grad_norm", "policy/entropy", "mismatch/abs_diff_mean"):
+        assert fast[0][key] == pytest.approx(full[0][key], rel=1e-5, abs=1e-7), key
+    for name, w in full[1].items():
+        # Adam divides by the gradient's scale: rounding-level gradient differences move an
+        # element by a small fraction of one lr-sized (1e-3) step.
+        torch.testing.assert_close(fast[1][name], w, rtol=0, atol=1e-5)
+    for s, a, b in zip(batch(), fast[2], full[2], strict=True):
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(a[mask], b[mask], rtol=0, atol=1e-6)
+        assert (a[~mask] == 0).all()  # unscored rows are 0.0, as the dumps record them

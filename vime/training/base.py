@@ -170,6 +170,7 @@ class Trainer(abc.ABC):
         Backends compute both from the last hidden states and the output layer's weight with
         :func:`~vime.training.output_logprobs.token_logprobs_and_entropy`, so the ``[T, V]``
         float32 logits never exist; the entropy costs backward work only when a loss uses it.
+        When ``inputs.scored_rows`` is set, only those rows are computed and the others are 0.0.
         """
 
     @abc.abstractmethod
@@ -223,8 +224,9 @@ class Trainer(abc.ABC):
 
     def step_logprobs(self) -> list[torch.Tensor]:
         """Per-token logprobs of the last ``train_step``'s samples under the weights before its
-        update (what the loss compared with the rollout's), in batch order; collective like
-        ``compute_logprobs``. Kept from the loss's own forward, no extra pass."""
+        update (what the loss compared with the rollout's), in batch order, 0.0 outside each
+        sample's loss mask; collective like ``compute_logprobs``. Kept from the loss's own
+        forward, no extra pass."""
         return self._gathered(dict(self._step_logprobs), self._step_size)
 
     def _gathered(self, mine: dict[int, torch.Tensor], n: int) -> list[torch.Tensor]:
@@ -321,7 +323,8 @@ class Trainer(abc.ABC):
         from vime.algorithms.policy import policy_loss_tensors
         from vime.training.packing import pack_inputs, unpack_shifted
 
-        inputs = pack_inputs(samples, mb)
+        # Only loss-mask rows go through the output layer: prompt and tool tokens need no logits.
+        inputs = pack_inputs(samples, mb, loss_rows_only=True)
         token_logprobs, token_entropy = self._token_logprobs_and_entropy(inputs)
         per_seq = unpack_shifted(token_logprobs, inputs.cu_seqlens)
         if mb.dummy:

@@ -27,9 +27,14 @@ def token_logprobs_and_entropy(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     group: Any = None,
     vocab_start: int = 0,
+    rows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``log softmax(hidden @ weight.T / temperature)[t, targets[t]]`` and the entropy of that
     softmax at each position ``t``, both ``[T]`` in float32 (float64 for float64 inputs).
+
+    ``rows`` (int64 indices into ``0 .. T-1``, increasing) limits the work to those positions,
+    the ones a loss reads (an RL step scores only response tokens, not the prompt's): both
+    outputs are 0.0 at every other position and get no gradient there.
 
     ``hidden`` is ``[T, H]`` and ``weight`` ``[V, H]`` (the local shard ``[V / tp, H]`` when
     ``group`` is a tensor-parallel group, holding ids ``vocab_start ..``), both of one dtype;
@@ -57,6 +62,28 @@ def token_logprobs_and_entropy(
             f"token_logprobs_and_entropy: chunk_tokens >= 1 and temperature > 0 expected, "
             f"got {chunk_tokens} and {temperature}"
         )
+    if rows is not None:
+        if rows.dim() != 1 or rows.dtype != torch.long:
+            raise ValueError(
+                f"token_logprobs_and_entropy: rows must be a 1-D int64 index tensor, got "
+                f"{rows.dtype} of shape {tuple(rows.shape)}"
+            )
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= hidden.shape[0]):
+            raise ValueError(
+                f"token_logprobs_and_entropy: rows must lie in 0 .. {hidden.shape[0] - 1}, got "
+                f"{int(rows.min())} .. {int(rows.max())}"
+            )
+        lp, ent = _ChunkedOutputLogprobs.apply(
+            hidden.index_select(0, rows),
+            weight,
+            targets.index_select(0, rows),
+            float(temperature),
+            int(chunk_tokens),
+            group,
+            int(vocab_start),
+        )
+        full = hidden.new_zeros(hidden.shape[0], dtype=lp.dtype)
+        return full.index_put((rows,), lp), full.index_put((rows,), ent)
     return _ChunkedOutputLogprobs.apply(
         hidden, weight, targets, float(temperature), int(chunk_tokens), group, int(vocab_start)
     )
@@ -79,20 +106,25 @@ def _scaled_logits(h: Tensor, weight: Tensor, temperature: float) -> Tensor:
 
 def _chunk_stats(
     h: Tensor, weight: Tensor, targets: Tensor, temperature: float, group: Any, vocab_start: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Scaled logits ``z`` of a chunk (local vocab shard), their log-sum-exp over the whole
-    vocabulary, the target's logit and the entropy."""
-    z = _scaled_logits(h, weight, temperature)
-    m = _all_reduce(z.amax(dim=-1), group, "max")
-    shifted = z - m[:, None]
-    lse = m + _all_reduce(shifted.exp().sum(dim=-1), group).log()
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A chunk's log-sum-exp over the whole vocabulary, its target's logprob and its entropy.
+
+    One pass of ``exp`` over the chunk's logits: with ``s = z - max`` and ``e = exp(s)``,
+    ``log p_y = s_y - log sum e`` and ``H = log sum e - (e . s) / sum e``.
+    """
+    s = _scaled_logits(h, weight, temperature)
+    m = _all_reduce(s.amax(dim=-1), group, "max")
+    s.sub_(m[:, None])
     local = targets - vocab_start
-    inside = (local >= 0) & (local < z.shape[1])
-    picked = z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None])[:, 0]
-    target_logit = _all_reduce(torch.where(inside, picked, torch.zeros_like(picked)), group)
-    p = (z - lse[:, None]).exp()
-    entropy = lse - _all_reduce((p * z).sum(dim=-1), group)
-    return z, lse, target_logit, entropy
+    inside = (local >= 0) & (local < s.shape[1])
+    picked = s.gather(1, local.clamp(0, s.shape[1] - 1)[:, None])[:, 0]
+    target_shifted = _all_reduce(torch.where(inside, picked, torch.zeros_like(picked)), group)
+    e = s.exp()
+    total = _all_reduce(e.sum(dim=-1), group)
+    # In e's own buffer, summed pairwise (a batched matmul would round ~5x worse in float32).
+    e_dot_s = _all_reduce(e.mul_(s).sum(dim=-1), group)
+    log_total = total.log()
+    return m + log_total, target_shifted - log_total, log_total - e_dot_s / total
 
 
 class _ChunkedOutputLogprobs(torch.autograd.Function):
@@ -133,11 +165,9 @@ def _forward(
     lse_all = torch.empty(n, dtype=dtype, device=hidden.device)
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
-        _, lse, target_logit, ent = _chunk_stats(
+        lse, logprobs[a:b], entropy[a:b] = _chunk_stats(
             hidden[a:b], weight, targets[a:b], temperature, group, vocab_start
         )
-        logprobs[a:b] = target_logit - lse
-        entropy[a:b] = ent
         lse_all[a:b] = lse
     ctx.save_for_backward(hidden, weight, targets, lse_all, entropy)
     ctx.settings = (temperature, chunk, group, vocab_start)
@@ -162,21 +192,24 @@ def _backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | Non
     for a in range(0, hidden.shape[0], chunk):
         b = min(a + chunk, hidden.shape[0])
         h = hidden[a:b]
-        z = _scaled_logits(h, weight, temperature)
-        logp = z - lse_all[a:b, None]
-        p = logp.exp()
-        # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H).
-        grad_z = torch.zeros_like(z)
+        # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H). Built in place in the
+        # logits' buffer: log p, then (with an entropy gradient) its factor, then p times it.
+        logp = _scaled_logits(h, weight, temperature).sub_(lse_all[a:b, None])
+        factor = torch.zeros(logp.shape[0], dtype=logp.dtype, device=logp.device)
         if grad_logprobs is not None:
-            g = grad_logprobs[a:b].to(z.dtype)
-            grad_z -= g[:, None] * p
+            factor -= grad_logprobs[a:b].to(logp.dtype)
+        if grad_entropy is not None:
+            g = grad_entropy[a:b].to(logp.dtype)
+            grad_z = logp.add(entropy[a:b, None]).mul_(-g[:, None]).add_(factor[:, None])
+            grad_z.mul_(logp.exp_())
+        else:
+            grad_z = logp.exp_().mul_(factor[:, None])
+        if grad_logprobs is not None:
+            g = grad_logprobs[a:b].to(grad_z.dtype)
             local = targets[a:b] - vocab_start
             inside = (local >= 0) & (local < vocab)
             rows = torch.nonzero(inside)[:, 0]
             grad_z[rows, local[rows]] += g[rows]
-        if grad_entropy is not None:
-            g = grad_entropy[a:b].to(z.dtype)
-            grad_z -= g[:, None] * p * (logp + entropy[a:b, None])
         if temperature != 1.0:
             grad_z = grad_z / temperature
         grad_z = grad_z.to(weight.dtype)

@@ -102,11 +102,16 @@ def plan_micro_batches(
 
 @dataclass
 class PackedInputs:
-    """Model inputs of one micro-batch: ``[1, T]`` ids and position ids plus sequence bounds."""
+    """Model inputs of one micro-batch: ``[1, T]`` ids and position ids plus sequence bounds.
+
+    ``scored_rows``, when set, lists the logits rows (``0 .. T-2``; row ``t`` scores token
+    ``t + 1``) whose token is in its sample's loss mask: the only rows a loss reads.
+    """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     cu_seqlens: list[int]
+    scored_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -114,8 +119,11 @@ class PackedInputs:
         return self.cu_seqlens[-1]
 
 
-def pack_inputs(samples: Sequence[TrainSample], micro_batch: MicroBatch) -> PackedInputs:
-    """Concatenate the micro-batch's sequences (or the dummy's single token) into one row."""
+def pack_inputs(
+    samples: Sequence[TrainSample], micro_batch: MicroBatch, *, loss_rows_only: bool = False
+) -> PackedInputs:
+    """Concatenate the micro-batch's sequences (or the dummy's single token) into one row;
+    with ``loss_rows_only`` also list the rows of loss-mask tokens (``scored_rows``)."""
     import torch
 
     if micro_batch.dummy:
@@ -127,7 +135,19 @@ def pack_inputs(samples: Sequence[TrainSample], micro_batch: MicroBatch) -> Pack
         cu.append(cu[-1] + len(s))
     ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long).unsqueeze(0)
     pos = torch.cat([torch.arange(len(s), dtype=torch.long) for s in seqs]).unsqueeze(0)
-    return PackedInputs(ids, pos, cu)
+    rows = None
+    if loss_rows_only and not micro_batch.dummy:
+        # Token j >= 1 of a sequence starting at a is scored by row a + j - 1; token 0 by none.
+        rows = torch.tensor(
+            [
+                a + j - 1
+                for a, i in zip(cu[:-1], micro_batch.indices, strict=True)
+                for j, m in enumerate(samples[i].loss_mask)
+                if j and m
+            ],
+            dtype=torch.long,
+        )
+    return PackedInputs(ids, pos, cu, rows)
 
 
 def unpack_shifted(per_row: torch.Tensor, cu_seqlens: Sequence[int]) -> list[torch.Tensor]:

@@ -121,6 +121,9 @@ class TorchTrainer(Trainer):
 
         head = self.model.get_output_embeddings()
         targets = host_to_device(inputs.input_ids[0, 1:], self.device)
+        rows = (
+            None if inputs.scored_rows is None else host_to_device(inputs.scored_rows, self.device)
+        )
         temperature = self.config.rollout_temperature
         plain = isinstance(head, torch.nn.Linear) and head.bias is None
         original = head.forward
@@ -134,6 +137,7 @@ class TorchTrainer(Trainer):
                     head.weight.to(self.compute_dtype),
                     targets,
                     temperature=temperature,
+                    rows=rows,
                 )
             else:  # an adapted output layer (LoRA on lm_head): its own logits
                 from vime.algorithms.kl import entropy_from_logits
@@ -141,6 +145,9 @@ class TorchTrainer(Trainer):
                 z = original(h).float() / temperature
                 lp = z.gather(-1, targets[:, None])[:, 0] - z.logsumexp(-1)
                 ent = entropy_from_logits(z)
+                if rows is not None:  # the same contract as the chunked kernel's rows
+                    keep = torch.zeros_like(lp, dtype=torch.bool).index_fill_(0, rows, True)
+                    lp, ent = lp.where(keep, 0.0), ent.where(keep, 0.0)
             # The logprobs leave as the "logits", so FSDP2's hooks on the output see the
             # backward; the entropy gets a gradient only if a loss uses it.
             entropy.append(ent)

@@ -53,11 +53,14 @@ def test_both_backends_step_alike_on_the_same_batch(tiny_models, torch_step, meg
     for key in want:
         if key.startswith(("policy/", "mismatch/")):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
-    # Both keep the step's own logprobs, equal to compute_logprobs before the step.
+    # Both keep the step's own logprobs, equal to compute_logprobs before the step on the
+    # loss-mask tokens (the only ones the step scores) and 0.0 elsewhere.
+    masks = [torch.tensor(s.loss_mask, dtype=torch.bool) for s in signed_batch(TOKENS)]
     for side in (mine, torch_step):
         assert len(side["kept"]) == len(TOKENS)
-        for a, b in zip(side["kept"], side["before"], strict=True):
-            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        for a, b, mask in zip(side["kept"], side["before"], masks, strict=True):
+            torch.testing.assert_close(a[mask], b[mask], atol=1e-6, rtol=0)
+            assert (a[~mask] == 0).all()
     for a, b in zip(mine["kept"], torch_step["kept"], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 

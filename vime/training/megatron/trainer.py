@@ -288,6 +288,9 @@ class MegatronTrainer(Trainer):
             temperature=self.config.rollout_temperature,
             group=self.tp_group if tp > 1 else None,
             vocab_start=self.tp_rank * weight.shape[0],
+            rows=None
+            if inputs.scored_rows is None
+            else host_to_device(inputs.scored_rows, self.device),
         )
 
     # ---- the MoE auxiliary loss ------------------------------------------------------------
