@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from vime.sandboxes import Sandbox, create
-from vime.sandboxes.bwrap import PATH
+from vime.sandboxes.bwrap import PATH, find_launcher
 
 CODE = "print(1)\n"
 TARGET_LOCAL_VS_BARE = 1.6  # local p50 must stay within this factor of a bare subprocess
@@ -188,6 +188,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     """Run every selected backend and return the JSON report."""
+    load_at_start = os.getloadavg()
     token = secrets.token_urlsafe(24)
     server = None
     makers: dict[str, Callable[[], Awaitable[Any]]] = {}
@@ -231,8 +232,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "load_at_start": load_at_start,
             "load": os.getloadavg(),
         },
+        # How local switches user and sets rlimits: vime-sandbox-launch, or setpriv + prlimit.
+        "local_launcher": find_launcher() or "setpriv+prlimit",
         "runs_per_level": args.runs,
         "rounds": args.rounds,
         "results": rows,
@@ -261,6 +265,15 @@ def main() -> int:
     for name, why in report["skipped"].items():
         print(f"skipped {name}: {why}")
     target = report["targets"]
+    if any(r["backend"] == "local" for r in report["results"]):
+        start, end = (
+            " ".join(f"{x:.2f}" for x in report["machine"][key])
+            for key in ("load_at_start", "load")
+        )
+        print(
+            f"local launcher: {report['local_launcher']}; load average at the start: {start}, "
+            f"at the end: {end}"
+        )
     if target["local_p50_vs_bare_at_c1"] is not None:
         verdict = "met" if target["local_met"] else "MISSED"
         print(

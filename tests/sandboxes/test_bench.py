@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from vime.sandboxes import bwrap
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "sandbox_latency.py"
 
 
@@ -31,3 +33,5 @@ def test_the_latency_benchmark_writes_a_row_per_backend_and_level(tmp_path):
     assert report["targets"]["local_p50_vs_bare_max"] == 1.6
     assert "| local | 1 |" in proc.stdout
     assert "local p50 / bare p50 at concurrency 1:" in proc.stdout
+    assert report["local_launcher"] == (bwrap.find_launcher() or "setpriv+prlimit")
+    assert len(report["machine"]["load_at_start"]) == 3
