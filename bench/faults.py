@@ -273,7 +273,7 @@ def _kill_engine_mid_rollout(run: Run, rng: random.Random, o: Outcome) -> float:
     """kill -9 of the engine while it generates: after step 1 and a random delay, at the next
     moment its /metrics shows a running request (a tiny model's rollout lasts a fraction of a
     second, so a plain random moment mostly falls between rollouts)."""
-    o.point = _mid_step(run, rng, max_delay=0.5)
+    _mid_step(run, rng, max_delay=0.5)
     pid = wait_for(lambda: run.processes(ENGINE), 60, "engine")[0]
     argv = read_bytes(f"/proc/{pid}/cmdline").split(b"\0")
     url = f"http://127.0.0.1:{int(argv[argv.index(b'--port') + 1])}/metrics"
@@ -286,6 +286,9 @@ def _kill_engine_mid_rollout(run: Run, rng: random.Random, o: Outcome) -> float:
     wait_for(generating, 120, "a request running on the engine", poll=0.02)
     _signal(pid, signal.SIGKILL)
     o.extra["steps_at_fault"] = run.steps_done()
+    # Where the kill landed, not where the wait began: the first running request seen is
+    # often a later step's rollout.
+    o.point = f"step {o.extra['steps_at_fault'] + 1} rollout"
     return time.time()
 
 
@@ -452,17 +455,22 @@ def corrupt_checkpoint(run: Run, rng: random.Random) -> Outcome:
 
 
 def disk_full(run: Run, rng: random.Random) -> Outcome:
-    """The output folder is a tmpfs with room for one checkpoint; the second save fails."""
+    """The output folder is a tmpfs with room for one checkpoint (37 MiB) and part of the
+    second; its size is drawn, so the second save runs out of room at a different file."""
     o = Outcome("disk full during checkpoint", run.mode)
     run.out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=60m", "tmpfs", str(run.out)], check=True)
+    size_mib = rng.randint(42, 70)
+    o.extra["tmpfs_mib"] = size_mib
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(run.out)], check=True
+    )
     try:
         run.start()
         code = run.wait()
         o.extra["first_rc"] = code
         o.message = _error_line(run.log_text())
         before, ckpt = run.steps_done(), run.checkpoint_step()
-        o.point = f"saving step_{before:06d}"
+        o.point = f"saving step_{before:06d} ({size_mib} MiB tmpfs)"
         o.extra["previous_intact"] = _intact(run.out / "checkpoints" / f"step_{ckpt:06d}")
         subprocess.run(["mount", "-o", "remount,size=400m", str(run.out)], check=True)
         _resume(run, o, before, ckpt)
