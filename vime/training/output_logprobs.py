@@ -68,7 +68,10 @@ def token_logprobs_and_entropy(
                 f"token_logprobs_and_entropy: rows must be a 1-D int64 index tensor, got "
                 f"{rows.dtype} of shape {tuple(rows.shape)}"
             )
-        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= hidden.shape[0]):
+        # The range check reads the rows on the host: only for host tensors, so that a step on
+        # the GPU never waits for the device here (the trainer builds rows from the loss mask).
+        on_host = rows.device.type == "cpu"
+        if on_host and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= hidden.shape[0]):
             raise ValueError(
                 f"token_logprobs_and_entropy: rows must lie in 0 .. {hidden.shape[0] - 1}, got "
                 f"{int(rows.min())} .. {int(rows.max())}"
