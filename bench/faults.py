@@ -205,12 +205,24 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, poll: float = 0.2):
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    poll: float = 0.2,
+    alive: Run | None = None,
+):
+    """Poll ``predicate`` until it is truthy; with ``alive``, fail at once if that run ends."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if alive is not None and alive.proc is not None and alive.proc.poll() is not None:
+            raise RuntimeError(
+                f"the run ended (exit {alive.proc.returncode}) while waiting for {what}; "
+                f"its log ends: {alive.log_text()[-600:]!r}"
+            )
         time.sleep(poll)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
@@ -247,12 +259,27 @@ def _steps_redone(run: Run, before: int) -> int:
 
 
 # -- faults ---------------------------------------------------------------------------------
-def _mid_step(run: Run, rng: random.Random, timeout: float = 600, max_delay: float = 3.0) -> str:
-    """Wait until step 1 is logged, then a random fraction of a typical step."""
-    wait_for(lambda: run.steps_done() >= 1, timeout, "step 1")
+def _mid_step(
+    run: Run,
+    rng: random.Random,
+    find: Callable[[], object] | None = None,
+    timeout: float = 600,
+    max_delay: float = 1.0,
+) -> tuple[object, str]:
+    """Wait until step 1 is logged, look up the fault's target with ``find`` (every process of
+    the run is up then), wait a random fraction of a step, and return the target and a label
+    naming the step the fault lands in.
+
+    The target is looked up before the delay and the delay stays under one step (a tiny
+    model's step takes about 1.3 s): on a fast machine the last steps go by within seconds
+    of step 1, and a fault drawn later would find the run finished (CI saw this)."""
+    wait_for(lambda: run.steps_done() >= 1, timeout, "step 1", alive=run)
+    target = wait_for(find, 60, "the fault's target", alive=run) if find else None
     delay = rng.uniform(0.0, max_delay)
     time.sleep(delay)
-    return f"step {run.steps_done() + 1} +{delay:.1f}s"
+    if run.proc is not None and run.proc.poll() is not None:
+        raise RuntimeError(f"the run ended before the fault, {delay:.1f}s after step 1: missed")
+    return target, f"step {run.steps_done() + 1} +{delay:.1f}s"
 
 
 ENGINE = b"vllm.entrypoints.openai.api_server"
@@ -260,8 +287,7 @@ ENGINE = b"vllm.entrypoints.openai.api_server"
 
 def _kill_process(pattern: bytes, sig: int = signal.SIGKILL) -> Callable:
     def inject(run: Run, rng: random.Random, o: Outcome) -> float:
-        o.point = _mid_step(run, rng)
-        pids = wait_for(lambda: run.processes(pattern), 60, pattern.decode())
+        pids, o.point = _mid_step(run, rng, lambda: run.processes(pattern))
         for pid in pids[:1]:
             _signal(pid, sig)
         return time.time()
@@ -273,8 +299,8 @@ def _kill_engine_mid_rollout(run: Run, rng: random.Random, o: Outcome) -> float:
     """kill -9 of the engine while it generates: after step 1 and a random delay, at the next
     moment its /metrics shows a running request (a tiny model's rollout lasts a fraction of a
     second, so a plain random moment mostly falls between rollouts)."""
-    _mid_step(run, rng, max_delay=0.5)
-    pid = wait_for(lambda: run.processes(ENGINE), 60, "engine")[0]
+    pids, _ = _mid_step(run, rng, lambda: run.processes(ENGINE), max_delay=0.5)
+    pid = pids[0]
     argv = read_bytes(f"/proc/{pid}/cmdline").split(b"\0")
     url = f"http://127.0.0.1:{int(argv[argv.index(b'--port') + 1])}/metrics"
 
@@ -305,9 +331,8 @@ def _requests_running(metrics_url: str) -> float:
 
 def _hang_engine(hang_s: float) -> Callable:
     def inject(run: Run, rng: random.Random, o: Outcome) -> float:
-        o.point = _mid_step(run, rng)
-        pid = wait_for(lambda: run.processes(ENGINE), 60, "engine")[0]
-        group = os.getpgid(pid)  # the engine's own session: its EngineCore too
+        pids, o.point = _mid_step(run, rng, lambda: run.processes(ENGINE))
+        group = os.getpgid(pids[0])  # the engine's own session: its EngineCore too
         os.killpg(group, signal.SIGSTOP)
         at = time.time()
         time.sleep(hang_s)
@@ -324,13 +349,13 @@ def _poisoned_tasks(run: Run, rng: random.Random, o: Outcome) -> None:
 
 
 def _kill_container(run: Run, rng: random.Random, o: Outcome) -> float:
-    o.point = _mid_step(run, rng)
+    _, o.point = _mid_step(run, rng)
 
     def running() -> list[str]:
         ids = run.containers()
         return [c for c in ids if _docker("inspect", "-f", "{{.State.Running}}", c) == "true"]
 
-    victim = wait_for(running, 120, "a running sandbox container")[0]
+    victim = wait_for(running, 120, "a running sandbox container", alive=run)[0]
     _docker("kill", victim)
     return time.time()
 
@@ -361,7 +386,7 @@ def remote_server_down(run: Run, rng: random.Random, down_s: float = 30.0) -> Ou
     run.extra_args = ("--env-kwargs", json.dumps(kwargs))
     try:
         run.start()
-        o.point = _mid_step(run, rng)
+        _, o.point = _mid_step(run, rng)
         server.kill()
         server.wait()
         at = time.time()

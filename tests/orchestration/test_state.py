@@ -157,6 +157,24 @@ def test_a_full_disk_fails_the_save_cleanly_and_keeps_the_previous_checkpoint(
     verify_checkpoint(latest_checkpoint(tmp_path))
 
 
+def test_a_trainer_that_dies_mid_save_is_reported_as_such_not_as_a_disk_problem(
+    tmp_path: Path,
+) -> None:
+    from vime.orchestration.cluster import ActorDiedError
+
+    save_checkpoint(tmp_path, RunState(step=1), [], _trainer_files)
+    died = "the run stopped: an actor died during the trainer's save (killed). Rerun with --resume"
+
+    def actor_died(d: Path) -> None:
+        _trainer_files(d)
+        raise ActorDiedError(died)
+
+    with pytest.raises(ActorDiedError) as err:
+        save_checkpoint(tmp_path, RunState(step=2), [], actor_died)
+    assert str(err.value) == died  # not "could not save ... Free space"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]
+
+
 def test_a_truncated_or_altered_checkpoint_file_fails_verification(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path, RunState(step=1), [], _trainer_files)
     verify_checkpoint(path)

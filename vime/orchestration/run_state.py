@@ -66,6 +66,7 @@ def save_checkpoint(
 
     An ``OSError`` while writing (a full disk, a read-only folder) removes the partial folder
     and is raised as :class:`CheckpointSaveError`; ``latest`` and older checkpoints are untouched.
+    A :class:`VimeError` from ``save_trainer`` (a trainer actor that died) is raised as it is.
     """
     save_dir = Path(save_dir)
     final = save_dir / f"step_{state.step:06d}"
@@ -80,6 +81,9 @@ def save_checkpoint(
         _fsync_write(tmp / "state.json", json.dumps(asdict(state)))
         _fsync_write(tmp / "buffer.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in buffer))
         _fsync_write(tmp / CHECKSUMS, json.dumps(_checksums(tmp), indent=1, sort_keys=True))
+    except VimeError:  # explained already (a trainer actor that died mid-save): keep its words
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         full = _disk_full(save_dir, exc)
