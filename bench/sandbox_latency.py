@@ -154,6 +154,7 @@ async def bench_level(
             "backend": name,
             "concurrency": level,
             "runs": len(latencies),
+            "rounds": rounds,
             "failures": failures[name],
             "p50_ms": percentile(latencies, 50) * 1000,
             "p99_ms": percentile(latencies, 99) * 1000,
@@ -218,7 +219,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             makers["remote"] = lambda: boxed("remote", url=url, token=token)
         rows = []
         for level in args.concurrency:
-            rows += await bench_level(makers, level, args.runs, args.rounds)
+            rounds = args.rounds or (args.runs if level == 1 else 10)
+            rows += await bench_level(makers, level, args.runs, rounds)
         rows.sort(key=lambda r: (list(makers).index(r["backend"]), r["concurrency"]))
     finally:
         if server is not None:
@@ -254,7 +256,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200, help="Timed executions per level.")
     parser.add_argument(
-        "--rounds", type=int, default=10, help="Interleaved rounds the runs are split into."
+        "--rounds",
+        type=int,
+        default=None,
+        help="Interleaved rounds the runs are split into (default: one call per round at "
+        "concurrency 1, so that bare and each backend alternate call by call; 10 above it).",
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--backends", default="bare,local,docker,remote")
