@@ -62,3 +62,34 @@ def test_a_run_the_harness_fails_on_is_recorded_unfinished_and_the_matrix_goes_o
     assert [(r["fault"], r["finished"]) for r in rows] == expected
     assert rows[1]["point"] == "seed 1" and "fault missed" in rows[1]["message"]
     assert "| flaky | sync | 0/2 |" in capsys.readouterr().out
+
+
+def test_a_fault_finds_its_target_before_its_delay_and_a_finished_run_fails_at_once(
+    faults, tmp_path, monkeypatch
+):
+    import random
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setattr(faults, "_tiny_model", lambda path: path)
+    run = faults.Run(tmp_path / "case", "sync", steps=4)
+    _write(run.out / "metrics.jsonl", [{"step": 1, "time": 10.0}])
+    run.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        looked_up = []
+        target, point = faults._mid_step(run, random.Random(0), lambda: looked_up.append(1) or [7])
+        assert target == [7] and looked_up == [1] and point.startswith("step 2 +")
+        assert float(point.split("+")[1].rstrip("s")) <= 1.0  # under one step of the tiny run
+    finally:
+        run.proc.kill()
+        run.proc.wait()
+    # The run is over and its target is gone: an error now, not a 60 s wait (CI's failure).
+    started = time.monotonic()
+    try:
+        faults._mid_step(run, random.Random(0), lambda: [])
+    except RuntimeError as exc:
+        assert "the run ended" in str(exc) and "the fault's target" in str(exc)
+    else:
+        raise AssertionError("a finished run must fail the fault at once")
+    assert time.monotonic() - started < 5
