@@ -137,6 +137,34 @@ def test_written_weights_round_trip_and_duplicates_are_refused(tmp_path: Path) -
     assert not (tmp_path / "dup").exists() and not (tmp_path / "dup.partial").exists()
 
 
+def test_weights_written_in_the_engines_dtype_equal_the_engines_own_cast(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    master = torch.randn(64, 33, dtype=torch.float32) * 3
+    steps = torch.arange(5, dtype=torch.int64)  # not floating point: never cast
+    folder = write_weights([[("w", master), ("steps", steps)]], tmp_path / "v1", dtype="bfloat16")
+    loaded = load_file(str(next(folder.glob("*.safetensors"))))
+    assert loaded["w"].dtype == torch.bfloat16 and loaded["steps"].dtype == torch.int64
+    # What vLLM's loader does with an fp32 tensor: copy_ into its bf16 parameter.
+    engine_param = torch.empty(64, 33, dtype=torch.bfloat16).copy_(master)
+    assert torch.equal(loaded["w"], engine_param)
+    assert loaded["w"].element_size() == 2  # half the bytes of the fp32 master
+
+
+def test_the_engines_dtype_comes_from_dtype_or_the_models_config(tmp_path: Path) -> None:
+    from vime.inference.weights import engine_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    assert engine_dtype(["--dtype", "bfloat16", "--enforce-eager"], tmp_path) == "bfloat16"
+    assert engine_dtype(["--dtype=half"], tmp_path) == "float16"
+    assert engine_dtype(["--dtype", "float32"], tmp_path) == "float32"
+    assert engine_dtype([], tmp_path) == "bfloat16"  # auto: vLLM keeps a bf16 config
+    assert engine_dtype(["--dtype", "auto"], tmp_path) == "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    assert engine_dtype([], tmp_path) is None  # vLLM's choice for fp32 configs: not ours
+    assert engine_dtype([], tmp_path / "missing") is None
+
+
 class FakeEngines:
     """Records the HTTP calls a weight update makes; can fail one step on one engine."""
 

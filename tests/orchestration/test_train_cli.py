@@ -116,3 +116,22 @@ def test_env_kwargs_reach_the_env_factory_as_json() -> None:
         setup_of("--env-kwargs", "[1]")
     with pytest.raises(ConfigError, match="not valid JSON"):
         setup_of("--env-kwargs", "{sandbox: docker}")
+
+
+def test_the_weight_sync_writes_the_engines_dtype_not_fp32_masters(tmp_path) -> None:
+    import json
+
+    from vime.cli.train_cmd import quickstart_configs
+    from vime.orchestration.cluster import Cluster
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    # The quickstart preset: bf16 engines (vllm.dtype), fp32 master weights in the trainer.
+    quick = build_setup(parse_args(["train", *quickstart_configs([])])).with_model(str(model))
+    assert quick.trainer.dtype == "bfloat16" and Cluster(quick, "CPU").sync_dtype == "bfloat16"
+    # An fp32 config and no --vllm-dtype: vLLM decides, the sync sends what the trainer has.
+    plain = setup_of().with_model(str(model))
+    assert Cluster(plain, "CPU").sync_dtype is None
+    explicit = setup_of("--vllm-dtype", "float16").with_model(str(model))
+    assert Cluster(explicit, "CPU").sync_dtype == "float16"

@@ -37,15 +37,50 @@ def weights_root() -> Path:
     return Path(root or tempfile.gettempdir()) / "vime-weights"
 
 
+# vLLM's --dtype values, as torch dtype names.
+_VLLM_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16",
+                "float": "float32", "float32": "float32"}  # fmt: skip
+
+
+def engine_dtype(vllm_args: list[str], model_dir: str | Path) -> str | None:
+    """The dtype the engines hold their weights in, when it is known for sure: ``--dtype``
+    of ``vllm_args``, or with ``auto`` (or none) a bf16/fp16 ``torch_dtype`` of the model's
+    config.json (vLLM keeps those; an fp32 config is left to vLLM's own choice: None).
+
+    A sync that writes tensors in this dtype moves half the bytes of fp32 master weights and
+    gives the engine the same values: its loader casts to this dtype anyway."""
+    value = "auto"
+    for i, arg in enumerate(vllm_args):
+        if arg == "--dtype" and i + 1 < len(vllm_args):
+            value = vllm_args[i + 1]
+        elif arg.startswith("--dtype="):
+            value = arg.split("=", 1)[1]
+    if value != "auto":
+        return _VLLM_DTYPES.get(value)
+    try:
+        import json
+
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    named = config.get("torch_dtype") or config.get("dtype")
+    return named if named in ("bfloat16", "float16") else None
+
+
 def write_weights(
     buckets: Iterable[list[tuple[str, torch.Tensor]]],
     folder: str | Path | None = None,
+    dtype: str | None = None,
 ) -> Path:
     """Write each bucket as one safetensors file in a new folder (default under /dev/shm).
 
     Accepts the output of ``Trainer.export_weights()`` or of :func:`vime.training.buckets.bucket_tensors`.
+    With ``dtype`` (a torch dtype name) floating-point tensors are cast to it first.
     The folder appears complete or not at all; delete it with :func:`remove_weights`.
     """
+    import torch
+
+    cast = getattr(torch, dtype) if dtype else None
     from safetensors.torch import save_file
 
     target = Path(folder) if folder is not None else weights_root() / uuid.uuid4().hex
@@ -59,7 +94,10 @@ def write_weights(
                 if name in seen:
                     raise ValueError(f"tensor {name!r} appears twice in the exported weights")
                 seen.add(name)
-                tensors[name] = tensor.detach().to("cpu").contiguous()
+                tensor = tensor.detach()
+                if cast is not None and tensor.is_floating_point():
+                    tensor = tensor.to(cast)
+                tensors[name] = tensor.to("cpu").contiguous()
             save_file(tensors, str(tmp / f"bucket-{i:05d}.safetensors"))
         if not seen:
             raise ValueError("no tensors to write: the weight export was empty")

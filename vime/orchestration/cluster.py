@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -169,7 +170,14 @@ class Cluster:
         from vime.inference.weights import weights_root
 
         folder = str(weights_root() / f"{self.run_id}-{name}")
-        return self.trainer_call("export_to_folder", folder)
+        return self.trainer_call("export_to_folder", folder, self.sync_dtype)
+
+    @functools.cached_property
+    def sync_dtype(self) -> str | None:
+        """The engines' weight dtype where known: the sync writes that, not fp32 masters."""
+        from vime.inference.weights import engine_dtype
+
+        return engine_dtype(self.setup.serve.vllm_args, self.setup.run.model)
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Trainer weights into every engine as ``version`` (through /dev/shm or Ray)."""

@@ -89,9 +89,9 @@ class TrainerWorker:
         """The last train step's per-token logprobs before its update (collective)."""
         return self.trainer.step_logprobs()
 
-    def export_to_folder(self, folder: str) -> str | None:
+    def export_to_folder(self, folder: str, dtype: str | None = None) -> str | None:
         """Write the synced weights (all, or LoRA's merged target layers) as safetensors
-        buckets into ``folder`` (rank 0 only)."""
+        buckets into ``folder`` (rank 0 only), cast to ``dtype`` (the engines') if given."""
         from vime.inference.weights import write_weights
 
         buckets = self.trainer.export_synced_weights()
@@ -99,7 +99,7 @@ class TrainerWorker:
             for _ in buckets:  # collective: every rank walks the export
                 pass
             return None
-        return str(write_weights(buckets, folder))
+        return str(write_weights(buckets, folder, dtype=dtype))
 
     def read_folder(self, folder: str) -> dict[str, bytes]:
         """The files of a weights folder, for a copy to another node."""
