@@ -30,13 +30,10 @@ RENAMED = {
 def quickstart_configs(argv: list[str]) -> list[str]:
     """The ``--config`` flags of ``--quickstart``: the preset, plus its LoRA overlay when
     ``argv`` asks for LoRA (``--lora-rank`` above 0). Flags in ``argv`` still win."""
+    from vime.config.passthrough import flag_value
+
     configs = ["--config", str(QUICKSTART)]
-    rank = None
-    for i, tok in enumerate(argv):
-        if tok == "--lora-rank" and i + 1 < len(argv):
-            rank = argv[i + 1]
-        elif tok.startswith("--lora-rank="):
-            rank = tok.split("=", 1)[1]
+    rank = flag_value(argv, "--lora-rank")
     if rank is not None and rank.isdigit() and int(rank) > 0:
         configs += ["--config", str(QUICKSTART_LORA)]
     return configs

@@ -16,6 +16,23 @@ ROUTER_PREFIX = "--router-"
 RESERVED = frozenset({"--vllm-router-ip", "--vllm-router-port"})
 
 
+def has_flag(args: list[str], flag: str) -> bool:
+    """Whether ``args`` holds ``flag`` (as ``--x`` or ``--x=value``)."""
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value ``args`` gives ``flag`` (``--x v`` or ``--x=v``; the last one wins, as in
+    argparse), or None where it is absent or has no value."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 @dataclass
 class ForwardedArgs:
     """Flags that Vime does not interpret, grouped by the program that receives them."""

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from vime.config.passthrough import has_flag
 from vime.inference.config import ServeConfig
 
 WORKER_EXTENSION = "vime.inference.worker_extension.VimeWorkerExtension"
@@ -23,10 +24,6 @@ MIDDLEWARE = "vime.inference.middleware.WeightVersionMiddleware"
 def served_model_name(model: str) -> str:
     """The short name clients use for ``model`` (a folder's last part)."""
     return Path(model.rstrip("/")).name or model
-
-
-def _has_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
 def engine_argv(config: ServeConfig, port: int, python: str = sys.executable) -> list[str]:
@@ -50,11 +47,11 @@ def engine_argv(config: ServeConfig, port: int, python: str = sys.executable) ->
         "--enable-scale-out",  # /inference/v1/generate, with per-token weight versions
     ]
     extra = list(config.vllm_args)
-    eager_set = _has_flag(extra, "--enforce-eager") or _has_flag(extra, "--no-enforce-eager")
+    eager_set = has_flag(extra, "--enforce-eager") or has_flag(extra, "--no-enforce-eager")
     if not eager_set and not _gpu_ids():
         # On CPU, torch.compile warm-up costs minutes and buys little for small models.
         argv.append("--enforce-eager")
-    if not _has_flag(extra, "--served-model-name"):
+    if not has_flag(extra, "--served-model-name"):
         # Both the short name and the path work as "model" in requests.
         argv += ["--served-model-name", served_model_name(config.model), config.model]
     return argv + extra

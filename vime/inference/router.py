@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from vime.config.passthrough import has_flag
 from vime.inference.errors import InferenceError
 from vime.inference.processes import free_port
 
@@ -32,10 +33,6 @@ def router_executable() -> str:
     return found
 
 
-def _has_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
 def router_argv(host: str, port: int, workers: list[str], extra: list[str]) -> list[str]:
     """The router's command line; ``extra`` (the --router-* flags) override the defaults."""
     argv = [router_executable(), "--host", host, "--port", str(port)]
@@ -51,7 +48,7 @@ def router_argv(host: str, port: int, workers: list[str], extra: list[str]) -> l
         "--prometheus-port": [str(free_port(host))],
     }
     for flag, values in defaults.items():
-        if not _has_flag(extra, flag):
+        if not has_flag(extra, flag):
             argv += [flag, *values]
     return argv + list(extra)
 

@@ -11,6 +11,7 @@ the folder), ``/update_weight_version``, ``/resume``. A failed step still resume
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -49,17 +50,12 @@ def engine_dtype(vllm_args: list[str], model_dir: str | Path) -> str | None:
 
     A sync that writes tensors in this dtype moves half the bytes of fp32 master weights and
     gives the engine the same values: its loader casts to this dtype anyway."""
-    value = "auto"
-    for i, arg in enumerate(vllm_args):
-        if arg == "--dtype" and i + 1 < len(vllm_args):
-            value = vllm_args[i + 1]
-        elif arg.startswith("--dtype="):
-            value = arg.split("=", 1)[1]
+    from vime.config.passthrough import flag_value
+
+    value = flag_value(vllm_args, "--dtype") or "auto"
     if value != "auto":
         return _VLLM_DTYPES.get(value)
     try:
-        import json
-
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
@@ -79,9 +75,9 @@ def write_weights(
     The folder appears complete or not at all; delete it with :func:`remove_weights`.
     """
     import torch
+    from safetensors.torch import save_file
 
     cast = getattr(torch, dtype) if dtype else None
-    from safetensors.torch import save_file
 
     target = Path(folder) if folder is not None else weights_root() / uuid.uuid4().hex
     tmp = target.with_name(target.name + ".partial")
