@@ -35,7 +35,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-UNFUSED = " --no-bias-swiglu-fusion --no-rope-fusion --no-gradient-accumulation-fusion"
+UNFUSED = (
+    " --no-bias-swiglu-fusion --no-rope-fusion --no-gradient-accumulation-fusion"
+    " --no-rms-norm-fusion"
+)
 
 
 def matmul_tflops(n: int = 8192, iters: int = 10) -> float:
@@ -257,6 +260,54 @@ def profile_step(trainer: Any, batch: Any) -> None:
     for e in stacked[:24]:
         frames = " <- ".join(f for f in e.stack if "torch/" not in f)[:400]
         print(f"STACK {e.key} {e.device_time_total / 1e3:.1f} ms calls {e.count}: {frames}")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        print_gpu_gaps(json.loads(trace.read_text()))
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def print_gpu_gaps(trace: dict[str, Any], top: int = 12) -> None:
+    """How long the GPU sat idle within the step, and what the host was doing at the largest
+    gaps (the innermost Python frames and any synchronising CUDA call open at the gap's start)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    gpu = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    if not gpu:
+        return
+    gaps, busy, end = [], 0.0, gpu[0][0]
+    for start, stop in gpu:
+        if start > end:
+            gaps.append((start - end, end))
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = end - gpu[0][0]
+    idle = sum(g for g, _ in gaps)
+    small = sum(g for g, _ in gaps if g < 20)
+    print(
+        f"GAPS span {span / 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms, idle {idle / 1e3:.1f} ms "
+        f"in {len(gaps)} gaps ({small / 1e3:.1f} ms in gaps under 20 us)"
+    )
+    host = [e for e in events if e.get("cat") in ("python_function", "cuda_runtime", "cpu_op")]
+    for gap, at in sorted(gaps, reverse=True)[:top]:
+        open_ = [e for e in host if e["ts"] <= at <= e["ts"] + e["dur"]]
+        syncs = [e["name"] for e in open_ if e["name"] in SYNC_CALLS]
+        frames = [
+            e["name"]
+            for e in sorted(open_, key=lambda e: -e["ts"])
+            if e.get("cat") == "python_function" and "torch/" not in e["name"]
+        ][:4]
+        print(f"GAP {gap / 1e3:7.2f} ms sync={syncs} at {' <- '.join(frames)[:300]}")
+    for name in (*SYNC_CALLS, "cudaMemcpyAsync"):
+        calls = [e for e in events if e.get("name") == name]
+        if calls:
+            total = sum(e["dur"] for e in calls) / 1e3
+            print(f"HOST {name}: {len(calls)} calls, {total:.1f} ms")
 
 
 def measure(trainer: Any, batch: Any, arch: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -294,7 +345,29 @@ def measure(trainer: Any, batch: Any, arch: Any, args: argparse.Namespace) -> di
         result.update(export_rate(trainer))
     if args.profile:
         profile_step(trainer, batch)
+    if args.cprofile:
+        host_profile(trainer, batch)
     return result
+
+
+def host_profile(trainer: Any, batch: Any, steps: int = 3) -> None:
+    """Where the host's time goes over ``steps`` train steps (cProfile, by own time): the
+    step is host-bound when the GPU idles between kernels."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        trainer.train_step(batch)
+    torch.cuda.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(35)
+    stats.sort_stats("cumulative").print_stats(45)
 
 
 def main() -> None:
@@ -305,12 +378,14 @@ def main() -> None:
         "--backends",
         default="plain,megatron+export,torch",
         help="comma-separated variants: "
-        "backend[+cudnn][+packN][+masked][+unfused][+profile][+export]; "
+        "backend[+cudnn][+packN][+masked][+unfused][+no-NAME][+profile][+cprofile][+export]; "
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
         "cuDNN attention first; packN: N sequences per micro-batch; masked: the torch backend "
         "with transformers' block-masked sdpa instead of packed_sdpa; unfused: megatron without "
-        "its SwiGLU, RoPE and weight-gradient accumulation fusions, which are on by default on "
-        "CUDA; export: time export_weights; profile: print a kernel profile of one step)",
+        "its SwiGLU, RoPE, weight-gradient accumulation and RMSNorm fusions, which are on by "
+        "default on CUDA; no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm); "
+        "export: time export_weights; profile: print a kernel profile of one step and the GPU's idle "
+        "gaps; cprofile: print where the host's time goes over three steps)",
     )
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--samples", type=int, default=2, help="sequences per train step")
@@ -324,6 +399,7 @@ def main() -> None:
     p.add_argument("--pack", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--attn", default="packed_sdpa", help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--backend", help=argparse.SUPPRESS)
@@ -342,12 +418,14 @@ def main() -> None:
             for flag in ("seq_len", "samples", "warmup", "steps"):
                 cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
             fused = UNFUSED if "unfused" in opts else ""
+            fused += "".join(f" --{o}-fusion" for o in opts if o.startswith("no-"))
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
             packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
             cmd += [f"--pack={packs[0]}"] if packs else []
             cmd += ["--attn=sdpa"] if "masked" in opts else []
             cmd += ["--profile"] if "profile" in opts else []
+            cmd += ["--cprofile"] if "cprofile" in opts else []
             cmd += ["--export"] if "export" in opts else []
             started = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())

@@ -211,8 +211,10 @@ def _backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | Non
             g = grad_logprobs[a:b].to(grad_z.dtype)
             local = targets[a:b] - vocab_start
             inside = (local >= 0) & (local < vocab)
-            rows = torch.nonzero(inside)[:, 0]
-            grad_z[rows, local[rows]] += g[rows]
+            # Rows whose target is in another vocab shard add 0; no host read of which.
+            grad_z.scatter_add_(
+                1, local.clamp(0, vocab - 1)[:, None], torch.where(inside, g, 0.0)[:, None]
+            )
         if temperature != 1.0:
             grad_z = grad_z / temperature
         grad_z = grad_z.to(weight.dtype)

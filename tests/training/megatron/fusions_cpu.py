@@ -32,6 +32,11 @@ def _count_fused_calls(trainer: Any) -> dict[str, Any]:
             target.wgrad_gemm_accum_fp32 = _counted(inner, calls, "wgrad_gemm_accum_fp32")
         else:
             setattr(module, slot, _counted(target, calls, slot))
+    # The Triton kernels (CUDA, or the interpreter's CPU run): each autograd Function's forward.
+    from vime.training.kernels import rms_norm, rope
+
+    rms_norm._RMSNorm.apply = _counted(rms_norm._RMSNorm.apply, calls, "triton_rms_norm")
+    rope._Rope.apply = _counted(rope._Rope.apply, calls, "triton_rope")
     return {"fused_calls": calls}
 
 

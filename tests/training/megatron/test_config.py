@@ -88,16 +88,18 @@ def test_moe_flags_are_parsed():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        ([], (None, None, None)),
-        (["--bias-swiglu-fusion"], (True, None, None)),
-        (["--no-bias-swiglu-fusion", "--no-rope-fusion"], (False, False, None)),
-        (["--apply-rope-fusion", "--gradient-accumulation-fusion"], (None, True, True)),
-        (["--no-gradient-accumulation-fusion"], (None, None, False)),
+        ([], (None, None, None, None)),
+        (["--bias-swiglu-fusion"], (True, None, None, None)),
+        (["--no-bias-swiglu-fusion", "--no-rope-fusion"], (False, False, None, None)),
+        (["--apply-rope-fusion", "--gradient-accumulation-fusion"], (None, True, True, None)),
+        (["--no-gradient-accumulation-fusion"], (None, None, False, None)),
+        (["--rms-norm-fusion"], (None, None, None, True)),
+        (["--no-rms-norm-fusion"], (None, None, None, False)),
     ],
 )
 def test_fusion_flags_turn_each_fusion_on_or_off(args, expected, monkeypatch):
     cfg = parse_megatron_args(args)
-    names = ("bias_swiglu", "apply_rope", "gradient_accumulation")
+    names = ("bias_swiglu", "apply_rope", "gradient_accumulation", "rms_norm")
     assert tuple(getattr(cfg, f"{n}_fusion") for n in names) == expected
     for cuda in (False, True):  # unset means: on with CUDA
         monkeypatch.setattr("torch.cuda.is_available", lambda cuda=cuda: cuda)
@@ -128,3 +130,25 @@ def test_the_model_config_takes_the_fusions(monkeypatch):
 
 
 UNFUSED = ["--no-bias-swiglu-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion"]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_rms_norm_flag_reaches_every_norm_of_the_layer_spec(fused):
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from vime.training.megatron.arch import GPTArch
+    from vime.training.megatron.model import RMSNorm, layer_spec
+
+    arch = GPTArch(
+        model_type="qwen3", num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1,
+        head_dim=32, ffn_hidden_size=128, vocab_size=96, rope_theta=1e4, norm_eps=1e-6,
+        qkv_bias=False, qk_norm=True, tied_embeddings=True, max_position_embeddings=64,
+    )  # fmt: skip
+    spec = layer_spec(arch, fused_norm=fused)
+    layer = spec.layer_specs[0].submodules
+    attention = layer.self_attention.submodules
+    norms = [spec.layer_norm, layer.input_layernorm, layer.pre_mlp_layernorm]
+    norms += [attention.q_layernorm, attention.k_layernorm]
+    for norm in norms:
+        assert isinstance(norm, ModuleSpec) and norm.module is RMSNorm
+        assert norm.params == {"fused": fused}

@@ -52,20 +52,27 @@ def test_rope_and_wgrad_kernels_equal_megatron_unfused_code():
     assert diffs["wgrad_bf16_inputs"] < 1e-5, diffs
 
 
-FUSED = ["--apply-rope-fusion", "--gradient-accumulation-fusion"]
-UNFUSED = ["--no-rope-fusion", "--no-gradient-accumulation-fusion"]
+FUSED = ["--apply-rope-fusion", "--gradient-accumulation-fusion", "--rms-norm-fusion"]
+UNFUSED = ["--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-rms-norm-fusion"]
 STEP_TOKENS = [list(range(3, 16)), list(range(40, 48)), list(range(60, 71))]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("triton", [False, True], ids=["torch", "triton-interpreted"])
 @pytest.mark.parametrize("per_sequence", [False, True], ids=["packed", "per-sequence"])
-def test_fused_rope_and_wgrad_accumulation_step_like_unfused(tiny_models, per_sequence):
-    """A whole train step with both fusions equals the unfused one in fp32: logprobs before
-    the step, the loss and every parameter's accumulated gradient. Packed: one thd
-    micro-batch of three sequences; per-sequence: three bshd micro-batches whose weight
-    gradients accumulate in main_grad."""
+def test_fused_step_like_unfused(tiny_models, per_sequence, triton, monkeypatch):
+    """A whole train step with the RoPE, weight-gradient and RMSNorm fusions equals the
+    unfused one in fp32: logprobs before the step, the loss and every parameter's accumulated
+    gradient. Packed: one thd micro-batch of three sequences; per-sequence: three bshd
+    micro-batches whose weight gradients accumulate in main_grad. ``triton``: RoPE and RMSNorm
+    go through the Triton kernels they take on CUDA, run by Triton's interpreter."""
     from fusions_cpu import step_with_counts
 
+    if triton:
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned processes inherit it
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     folder = str(tiny_models["qwen3"])
     args = (folder, STEP_TOKENS, per_sequence)
     base = spawn(step_with_counts, 1, args[0], UNFUSED, *args[1:], backend="gloo")[0]
@@ -75,6 +82,11 @@ def test_fused_rope_and_wgrad_accumulation_step_like_unfused(tiny_models, per_se
     layers = 2 * len(STEP_TOKENS) if per_sequence else 2
     assert calls.get(rope, 0) >= layers, calls  # query and key of every layer's forward
     assert calls.get("wgrad_gemm_accum_fp32", 0) > 0, calls
+    # Triton: every norm (input, query, key, pre-MLP per layer, the final one) and every RoPE
+    # call took the kernels; torch: none did (F.rms_norm and the compiled rotation).
+    norms = (4 * 2 + 1) * (len(STEP_TOKENS) if per_sequence else 1)
+    assert calls.get("triton_rms_norm", 0) == (norms * 2 if triton else 0), calls
+    assert calls.get("triton_rope", 0) == (calls[rope] if triton else 0), calls
     assert base["fused_calls"] == {}, base["fused_calls"]
     for a, b in zip(fused["before"], base["before"], strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=2e-6, rtol=0)

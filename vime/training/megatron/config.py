@@ -34,12 +34,16 @@ class MegatronConfig:
     moe_aux_loss_coeff: float = 0.0
     # Fusions; None means on with CUDA, off on the CPU (where compiling costs more than it
     # saves on tiny models). SwiGLU: megatron-core's torch.compile'd kernel; RoPE and weight-
-    # gradient accumulation: vime.training.megatron.fusions.
+    # gradient accumulation: vime.training.megatron.fusions; RMSNorm: Triton kernels
+    # (vime.training.kernels.rms_norm) instead of F.rms_norm.
     bias_swiglu_fusion: bool | None = None
     apply_rope_fusion: bool | None = None
     gradient_accumulation_fusion: bool | None = None
+    rms_norm_fusion: bool | None = None
 
-    def fused(self, name: Literal["bias_swiglu", "apply_rope", "gradient_accumulation"]) -> bool:
+    def fused(
+        self, name: Literal["bias_swiglu", "apply_rope", "gradient_accumulation", "rms_norm"]
+    ) -> bool:
         """Whether the ``name`` fusion is on: its flag, else on with CUDA."""
         value = getattr(self, f"{name}_fusion")
         if value is not None:
@@ -117,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context-parallel-size", type=int, default=1)
     p.add_argument("--expert-model-parallel-size", type=int, default=1)
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
-    for name in ("bias-swiglu", "rope", "gradient-accumulation"):
+    for name in ("bias-swiglu", "rope", "gradient-accumulation", "rms-norm"):
         dest = "apply_rope_fusion" if name == "rope" else f"{name.replace('-', '_')}_fusion"
         flag = "apply-rope" if name == "rope" else name
         p.add_argument(f"--{flag}-fusion", dest=dest, action="store_true", default=None)
@@ -135,7 +139,8 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
             "--use-distributed-optimizer, --bf16, --recompute-granularity, --recompute-method, "
             "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce, "
             "--expert-model-parallel-size, --moe-aux-loss-coeff, --[no-]bias-swiglu-fusion, "
-            "--apply-rope-fusion/--no-rope-fusion, --[no-]gradient-accumulation-fusion"
+            "--apply-rope-fusion/--no-rope-fusion, --[no-]gradient-accumulation-fusion, "
+            "--[no-]rms-norm-fusion"
         )
     if known.fp16:
         raise ConfigError("--fp16 is not supported by the Megatron backend; use --bf16")
@@ -167,4 +172,5 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
         bias_swiglu_fusion=known.bias_swiglu_fusion,
         apply_rope_fusion=known.apply_rope_fusion,
         gradient_accumulation_fusion=known.gradient_accumulation_fusion,
+        rms_norm_fusion=known.rms_norm_fusion,
     )

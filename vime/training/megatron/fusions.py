@@ -10,8 +10,9 @@ TransformerEngine, which this backend does not install.
 - **RoPE** (``apply_rope_fusion``): megatron-core's unfused rotary embedding runs a chunk, a
   negation, a concatenation, two multiplications and an addition each way per query and key,
   and its packed (``thd``) form reads the sequence bounds back to the host in every layer.
-  Here the rotation is one ``torch.compile``'d function each way, and packed positions are
-  computed on the device.
+  Here the rotation is one Triton kernel each way on CUDA (:mod:`vime.training.kernels.rope`;
+  elsewhere one ``torch.compile``'d function), and packed positions are computed on the device
+  once per micro-batch.
 
 :func:`install` puts both where megatron-core looks for them; the model builder calls it before
 building layers whose config enables either fusion.
@@ -24,6 +25,8 @@ import types
 from typing import Any
 
 import torch
+
+from vime.training.kernels import rope as rope_kernel
 
 
 def wgrad_gemm_accum_fp32(
@@ -81,7 +84,36 @@ def fused_apply_rotary_pos_emb(
     """RoPE of ``[s, b, heads, d]`` ``t`` with ``[s, 1, 1, rot_dim]`` ``freqs``."""
     if interleaved:
         raise NotImplementedError("fused RoPE: interleaved rotary layout is not supported")
-    return _apply(t, freqs[: t.shape[0]])
+    freqs = freqs[: t.shape[0]]
+    if rope_kernel.available(t):
+        s, b, heads, d = t.shape
+        angles = freqs.reshape(s, freqs.shape[-1]).float()
+        positions = None if b == 1 else _batch_positions(s, b, t.device)
+        return rope_kernel.rotate(t.reshape(s * b, heads, d), angles, positions).view(t.shape)
+    return _apply(t, freqs)
+
+
+@functools.lru_cache(maxsize=8)
+def _batch_positions(s: int, b: int, device: torch.device) -> torch.Tensor:
+    """Row ``i // b`` of the angles for token ``i`` of an ``[s, b]`` layout flattened."""
+    return torch.arange(s * b, device=device) // b
+
+
+_packed_positions: list[Any] = []  # [(cu_seqlens, tokens, positions)]: the micro-batch's
+
+
+def _thd_positions(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Each packed token's position within its sequence, computed on the device once per
+    micro-batch (every layer's query and key pass the same ``cu_seqlens`` tensor)."""
+    cached = _packed_positions[0] if _packed_positions else None
+    if cached is not None and cached[0] is cu_seqlens and cached[1] == tokens:
+        return cached[2]
+    index = torch.arange(tokens, device=cu_seqlens.device)
+    starts = cu_seqlens.to(index.dtype)
+    owner = torch.searchsorted(starts[1:], index, right=True)
+    positions = index - starts[owner]
+    _packed_positions[:] = [(cu_seqlens, tokens, positions)]
+    return positions
 
 
 def fused_apply_rotary_pos_emb_thd(
@@ -100,13 +132,14 @@ def fused_apply_rotary_pos_emb_thd(
     if cp_size != 1:
         raise NotImplementedError("fused RoPE: context parallelism is not supported")
     tokens = t.shape[0]
-    index = torch.arange(tokens, device=t.device)
-    if freqs.shape[0] == tokens:
-        positions = index
-    else:
-        starts = cu_seqlens.to(index.dtype)
-        owner = torch.searchsorted(starts[1:], index, right=True)
-        positions = index - starts[owner]
+    exact = freqs.shape[0] == tokens
+    if rope_kernel.available(t):
+        angles = freqs.reshape(freqs.shape[0], freqs.shape[-1]).float()
+        positions = None if exact else _thd_positions(cu_seqlens, tokens)
+        return rope_kernel.rotate(t, angles, positions)
+    if exact:
+        return _apply(t, freqs.reshape(tokens, 1, freqs.shape[-1]))
+    positions = _thd_positions(cu_seqlens, tokens)
     return _apply(t, freqs[positions].reshape(tokens, 1, freqs.shape[-1]))
 
 

@@ -25,17 +25,28 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(torch.nn.Module):
-    """RMSNorm with the signature Megatron's builders call (``config, hidden_size, eps``)."""
+    """RMSNorm with the signature Megatron's builders call (``config, hidden_size, eps``).
 
-    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-6, **_: Any) -> None:
+    ``fused``: the Triton kernels of :mod:`vime.training.kernels.rms_norm` where they run
+    (CUDA), else torch's ``F.rms_norm``.
+    """
+
+    def __init__(
+        self, config: Any, hidden_size: int, eps: float = 1e-6, fused: bool = False, **_: Any
+    ) -> None:
         super().__init__()
         self.eps = eps
+        self.fused = fused
         self.weight = torch.nn.Parameter(
             torch.ones(hidden_size, dtype=config.params_dtype, device=_init_device(config))
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise over the last dimension (fused kernel where torch has one)."""
+        """Normalise over the last dimension."""
+        if self.fused:
+            from vime.training.kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
@@ -107,9 +118,10 @@ def host_bounds(packed_seq_params: Any) -> list[int]:
     return bounds
 
 
-def layer_spec(arch: GPTArch, num_layers: int | None = None) -> Any:
+def layer_spec(arch: GPTArch, num_layers: int | None = None, *, fused_norm: bool = False) -> Any:
     """Megatron block spec of ``num_layers`` layers (default: all of ``arch``'s; a pipeline
-    stage builds its share): local linears, :class:`SDPAttention`, :class:`RMSNorm`."""
+    stage builds its share): local linears, :class:`SDPAttention`, :class:`RMSNorm` (its
+    Triton kernels when ``fused_norm``)."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -123,11 +135,12 @@ def layer_spec(arch: GPTArch, num_layers: int | None = None) -> Any:
         TransformerLayerSubmodules,
     )
 
-    qk_norm = RMSNorm if arch.qk_norm else IdentityOp
+    norm = ModuleSpec(module=RMSNorm, params={"fused": fused_norm})
+    qk_norm = norm if arch.qk_norm else IdentityOp
     layer = ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=RMSNorm,
+            input_layernorm=norm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
@@ -140,7 +153,7 @@ def layer_spec(arch: GPTArch, num_layers: int | None = None) -> Any:
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=RMSNorm,
+            pre_mlp_layernorm=norm,
             mlp=_moe_spec(arch)
             if arch.is_moe
             else ModuleSpec(
@@ -153,7 +166,7 @@ def layer_spec(arch: GPTArch, num_layers: int | None = None) -> Any:
         ),
     )
     count = arch.num_layers if num_layers is None else num_layers
-    return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=norm)
 
 
 def _moe_spec(arch: GPTArch) -> Any:
@@ -258,7 +271,9 @@ def build_gpt_model(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool = F
     config = transformer_config(arch, mcfg, initialize=initialize)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(arch, get_num_layers_to_build(config)),
+        transformer_layer_spec=layer_spec(
+            arch, get_num_layers_to_build(config), fused_norm=mcfg.fused("rms_norm")
+        ),
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=mpu.is_pipeline_first_stage(),
