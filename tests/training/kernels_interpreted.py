@@ -112,6 +112,39 @@ def rope_cases() -> dict[str, float]:
     return out
 
 
+def swiglu_cases() -> dict[str, float]:
+    """SwiGLU and its gradient against float64 math (fp32 and bf16 inputs); widths over one
+    block, odd rows, 3-D input."""
+    from vime.training.kernels.swiglu import available, swiglu, swiglu_back
+
+    g = torch.Generator().manual_seed(2)
+    out: dict[str, float] = {}
+    for name, shape in {"rows": (33, 2 * 1100), "narrow": (5, 2, 2 * 40)}.items():
+        y = torch.randn(*shape, generator=g) * 3
+        grad = torch.randn(*shape[:-1], shape[-1] // 2, generator=g)
+        assert available(y)
+        y64 = y.double().requires_grad_()
+        a, b = y64.chunk(2, -1)
+        ref = F.silu(a) * b
+        ref.backward(grad.double())
+        out[f"{name}_fp32_out"] = float((swiglu(y).double() - ref.detach()).abs().max())
+        back = swiglu_back(grad, y)
+        out[f"{name}_fp32_grad"] = float((back.double() - y64.grad).abs().max())
+        # bf16 storage: one rounding of the exact result (relative error at most 2^-9).
+        yb, gb = y.bfloat16(), grad.bfloat16()
+        yb64 = yb.double().requires_grad_()
+        a, b = yb64.chunk(2, -1)
+        refb = F.silu(a) * b
+        refb.backward(gb.double())
+        out[f"{name}_bf16_out_rel"] = _relative(swiglu(yb), refb.detach())
+        out[f"{name}_bf16_grad_rel"] = _relative(swiglu_back(gb, yb), yb64.grad)
+    return out
+
+
+def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
+    return float(((value.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max())
+
+
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     print(json.dumps(globals()[sys.argv[1]]()))

@@ -52,6 +52,17 @@ def test_rope_kernel_equals_the_unfused_math():
             assert value < 2e-6, (key, value)
 
 
+def test_swiglu_kernels_equal_the_unfused_math():
+    d = _interpreted("swiglu_cases")
+    for key, value in d.items():
+        if "fp32" in key:
+            assert value < 2e-5, (key, value)
+        else:
+            # fp32 math cast once to bf16. Triton's interpreter casts by truncation (1 + 2^-8 +
+            # 2^-10 becomes 1.0, not 1.0078125; CUDA rounds to nearest): one bf16 step, 2^-7.
+            assert value <= 2**-7 * 1.01, (key, value)
+
+
 def test_kernels_fall_back_to_torch_off_cuda():
     """Without CUDA (and without the interpreter) the functions are torch's own math."""
     from vime.training.kernels import rms_norm, rope

@@ -58,6 +58,17 @@ def step_with_counts(
     )
 
 
+def grads_with_swiglu_launches(folder: str, args: list[str]) -> tuple:
+    """:func:`megatron_cpu.grads_and_outputs` and how many Triton SwiGLU launches it made."""
+    from megatron_cpu import grads_and_outputs
+
+    from vime.training.kernels import swiglu
+
+    launches: dict[str, int] = {}
+    swiglu._launch = _counted(swiglu._launch, launches, "triton_swiglu")
+    return (*grads_and_outputs(folder, args), launches.get("triton_swiglu", 0))
+
+
 def rope_and_wgrad_kernels() -> dict[str, float]:
     """Max abs differences of the fused kernels from megatron-core's unfused code in fp32:
     RoPE forward and input gradient (bshd, thd with restarts, thd in exact-offset mode, a

@@ -1,7 +1,8 @@
-"""Megatron's fused SwiGLU (--bias-swiglu-fusion, torch.compile'd) equals the unfused MLP in
-fp32: the packed forward's logprobs and entropy, and every parameter's gradient (max abs
-differences seen: 4.8e-7 and 1.1e-6; the compiled kernel rounds differently). The MoE model's
-experts do not take the fused path in megatron-core 0.16; it must still build and agree."""
+"""Megatron's fused SwiGLU (--bias-swiglu-fusion: megatron-core's torch.compile'd functions,
+Triton kernels on CUDA) equals the unfused MLP in fp32: the packed forward's logprobs and
+entropy, and every parameter's gradient (max abs differences seen: 4.8e-7 and 1.1e-6; the
+compiled kernel rounds differently). The MoE model's experts do not take the fused path in
+megatron-core 0.16; it must still build and agree."""
 
 from __future__ import annotations
 
@@ -14,12 +15,26 @@ from vime.training.megatron.model import host_bounds
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("triton", [False, True], ids=["compiled", "triton-interpreted"])
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
-def test_fused_swiglu_equals_the_unfused_mlp(tiny_models, family):
+def test_fused_swiglu_equals_the_unfused_mlp(tiny_models, family, triton, monkeypatch):
+    """``triton``: the fused function's math runs in the Triton kernels it takes on CUDA (one
+    forward and one backward launch per layer), by Triton's interpreter."""
+    from fusions_cpu import grads_with_swiglu_launches
+
+    if triton:
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned processes inherit it
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     folder = str(tiny_models[family])
     lp, ent, grads = spawn(grads_and_outputs, 1, folder, [], backend="gloo")[0]
-    fused = spawn(grads_and_outputs, 1, folder, ["--bias-swiglu-fusion"], backend="gloo")[0]
+    args = ["--bias-swiglu-fusion"]
+    *fused, launches = spawn(grads_with_swiglu_launches, 1, folder, args, backend="gloo")[0]
     lp_f, ent_f, grads_f = fused
+    # The dense model's 2 layers, forward and backward; megatron-core's MoE experts never
+    # take the fused path.
+    assert launches == (4 if triton and family == "qwen3" else 0)
     assert torch.allclose(lp_f, lp, atol=5e-6, rtol=0), (lp_f - lp).abs().max()
     assert torch.allclose(ent_f, ent, atol=5e-6, rtol=0), (ent_f - ent).abs().max()
     assert grads.keys() == grads_f.keys()

@@ -33,9 +33,9 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     moe_aux_loss_coeff: float = 0.0
     # Fusions; None means on with CUDA, off on the CPU (where compiling costs more than it
-    # saves on tiny models). SwiGLU: megatron-core's torch.compile'd kernel; RoPE and weight-
-    # gradient accumulation: vime.training.megatron.fusions; RMSNorm: Triton kernels
-    # (vime.training.kernels.rms_norm) instead of F.rms_norm.
+    # saves on tiny models). SwiGLU: megatron-core's fused function, its math in Triton kernels
+    # on CUDA; RoPE and weight-gradient accumulation: vime.training.megatron.fusions; RMSNorm:
+    # Triton kernels (vime.training.kernels.rms_norm) instead of F.rms_norm.
     bias_swiglu_fusion: bool | None = None
     apply_rope_fusion: bool | None = None
     gradient_accumulation_fusion: bool | None = None

@@ -15,7 +15,9 @@ TransformerEngine, which this backend does not install.
   once per micro-batch.
 
 :func:`install` puts both where megatron-core looks for them; the model builder calls it before
-building layers whose config enables either fusion.
+building layers whose config enables either fusion. :func:`install_swiglu` does the same for
+SwiGLU (``bias_activation_fusion``): megatron-core's own fused function, whose math runs in
+Triton kernels on CUDA (:mod:`vime.training.kernels.swiglu`) instead of its compiled code.
 """
 
 from __future__ import annotations
@@ -156,3 +158,16 @@ def install() -> None:
     layers._grad_accum_fusion_available = True
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     rope_utils.fused_apply_rotary_pos_emb_thd = fused_apply_rotary_pos_emb_thd
+
+
+def install_swiglu() -> None:
+    """Make megatron-core's fused SwiGLU (no bias) run :mod:`vime.training.kernels.swiglu` where
+    its kernels run, and its own compiled functions elsewhere (idempotent)."""
+    from megatron.core.fusions import fused_bias_swiglu as module
+
+    from vime.training.kernels import swiglu
+
+    for name, kernel in (("swiglu", swiglu.swiglu), ("swiglu_back", swiglu.swiglu_back)):
+        current = getattr(module, name)
+        if not hasattr(current, "vime_fallback"):
+            setattr(module, name, swiglu.dispatching(kernel, current))

@@ -214,10 +214,12 @@ def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool)
 
     dtype = torch.bfloat16 if mcfg.bf16 else torch.float32
     rope_fusion, wgrad_fusion = mcfg.fused("apply_rope"), mcfg.fused("gradient_accumulation")
-    if rope_fusion or wgrad_fusion:
-        from vime.training.megatron import fusions
+    from vime.training.megatron import fusions
 
+    if rope_fusion or wgrad_fusion:
         fusions.install()  # before TransformerConfig: it checks that the RoPE kernel exists
+    if mcfg.fused("bias_swiglu"):
+        fusions.install_swiglu()
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -240,8 +242,8 @@ def transformer_config(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool)
         tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
         pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
         sequence_parallel=False,
-        # SwiGLU: megatron-core's torch.compile'd code; RoPE and weight-gradient accumulation:
-        # our kernels (fusions.py). The other fusions need TransformerEngine or Apex kernels.
+        # SwiGLU: megatron-core's fused function (Triton math on CUDA); RoPE and weight-gradient
+        # accumulation: our kernels (fusions.py). The others need TransformerEngine or Apex.
         bias_activation_fusion=mcfg.fused("bias_swiglu"),
         apply_rope_fusion=rope_fusion,
         bias_dropout_fusion=False,
