@@ -267,9 +267,11 @@ class Trainer(abc.ABC):
             plan, lambda mb: self._micro_batch_loss(batch.samples, mb, num_tokens, num_seqs, sums)
         )
         self._reduce_gradients()
-        self._step_logprobs = _to_cpu(self._step_logprobs)
         lr = self.schedule.apply_next()
         grad_norm = self._optimizer_step()
+        # After the optimizer's kernels are queued: this copy waits for the GPU, and before them
+        # the GPU sat idle while the host launched the optimizer (9-12 ms a step on an H200).
+        self._step_logprobs = _to_cpu(self._step_logprobs)
         self.schedule.step()
         self._weight_version += 1
         metrics = sums.reduce(self.dp_size > 1, str(self.device), group=self.dp_group)
