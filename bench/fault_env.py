@@ -10,6 +10,7 @@ call in a fresh sandbox of that backend (the harness kills its container or its 
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import vime
@@ -18,10 +19,24 @@ from vime.envs.grading import GraderTimeout, run_graded
 from vime.sandboxes import create
 
 GRADER_LIMIT_S = 1.0
-# Per episode, so that most steps have some faulty episodes and almost none has only those
-# (a step whose every episode fails stops the run as a broken setup).
+# Per episode, so that most steps have some faulty episodes. A step whose every episode fails
+# stops the run as a broken setup, and a free draw did that in 0.3^4 of the harness's 4-episode
+# steps (CI hit it once): no more than MAX_IN_A_ROW episodes in a row take the fault, so any 4
+# episodes reset one after another (a sync step's) hold a clean one.
 FAULT_RATE = 0.3
+MAX_IN_A_ROW = 2
 _draw = random.SystemRandom()
+_in_a_row = [0]
+_lock = threading.Lock()
+
+
+def draw_fault(fault: str | None) -> str | None:
+    """``fault`` for a random ``FAULT_RATE`` of the episodes, never ``MAX_IN_A_ROW + 1`` in a
+    row (None otherwise)."""
+    with _lock:
+        hit = fault is not None and _in_a_row[0] < MAX_IN_A_ROW and _draw.random() < FAULT_RATE
+        _in_a_row[0] = _in_a_row[0] + 1 if hit else 0
+    return fault if hit else None
 
 
 def grade(text: str, sleep_s: float) -> float:
@@ -40,7 +55,7 @@ class FaultyParity(vime.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.task = (options or {}).get("task") or {"question": "Say something."}
-        self.fault = self.task.get("fault") if _draw.random() < FAULT_RATE else None
+        self.fault = draw_fault(self.task.get("fault"))
         if self.fault == "reset":
             raise RuntimeError(f"injected fault in reset of task {self.task.get('id')}")
         return [{"role": "user", "content": self.task["question"]}], {}

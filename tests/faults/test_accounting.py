@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
 
 def _write(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,3 +95,22 @@ def test_a_fault_finds_its_target_before_its_delay_and_a_finished_run_fails_at_o
     else:
         raise AssertionError("a finished run must fail the fault at once")
     assert time.monotonic() - started < 5
+
+
+def test_the_fault_env_never_fails_every_episode_of_a_step():
+    """A step of 4 episodes all taking the fault stops the run as a broken setup (CI hit it
+    with a free 30% draw); the draw caps the faults in a row so every 4 resets hold a clean
+    one, at a rate still near 30% (less the capped runs)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fault_env", BENCH / "fault_env.py")
+    env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(env)
+    draws = [env.draw_fault("reset") for _ in range(20_000)]
+    faulty = [d == "reset" for d in draws]
+    assert set(draws) == {"reset", None}
+    assert 0.22 < sum(faulty) / len(faulty) < 0.3
+    window = env.MAX_IN_A_ROW + 1
+    assert not any(all(faulty[i : i + window]) for i in range(len(faulty) - window + 1))
+    assert any(all(faulty[i : i + env.MAX_IN_A_ROW]) for i in range(len(faulty)))  # cap reached
+    assert env.draw_fault(None) is None  # a task without a fault never gets one
