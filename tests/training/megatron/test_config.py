@@ -111,14 +111,9 @@ def test_the_model_config_takes_the_fusions(monkeypatch):
     from megatron.core.models.common.embeddings import rope_utils
 
     from vime.training.megatron import fusions
-    from vime.training.megatron.arch import GPTArch
     from vime.training.megatron.model import transformer_config
 
-    arch = GPTArch(
-        model_type="qwen3", num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1,
-        head_dim=32, ffn_hidden_size=128, vocab_size=96, rope_theta=1e4, norm_eps=1e-6,
-        qkv_bias=False, qk_norm=True, tied_embeddings=True, max_position_embeddings=64,
-    )  # fmt: skip
+    arch = _tiny_arch(num_layers=1)
     on = transformer_config(arch, parse_megatron_args(["--apply-rope-fusion",
         "--gradient-accumulation-fusion", "--bias-swiglu-fusion"]), initialize=False)  # fmt: skip
     assert (on.apply_rope_fusion, on.gradient_accumulation_fusion) == (True, True)
@@ -136,14 +131,9 @@ UNFUSED = ["--no-bias-swiglu-fusion", "--no-rope-fusion", "--no-gradient-accumul
 def test_rms_norm_flag_reaches_every_norm_of_the_layer_spec(fused):
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from vime.training.megatron.arch import GPTArch
     from vime.training.megatron.model import RMSNorm, layer_spec
 
-    arch = GPTArch(
-        model_type="qwen3", num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1,
-        head_dim=32, ffn_hidden_size=128, vocab_size=96, rope_theta=1e4, norm_eps=1e-6,
-        qkv_bias=False, qk_norm=True, tied_embeddings=True, max_position_embeddings=64,
-    )  # fmt: skip
+    arch = _tiny_arch(num_layers=2)
     spec = layer_spec(arch, fused_norm=fused)
     layer = spec.layer_specs[0].submodules
     attention = layer.self_attention.submodules
@@ -152,3 +142,14 @@ def test_rms_norm_flag_reaches_every_norm_of_the_layer_spec(fused):
     for norm in norms:
         assert isinstance(norm, ModuleSpec) and norm.module is RMSNorm
         assert norm.params == {"fused": fused}
+
+
+def _tiny_arch(num_layers: int) -> object:
+    """A tiny Qwen3-shaped arch (query/key norms on) for building configs and specs."""
+    from vime.training.megatron.arch import GPTArch
+
+    return GPTArch(
+        model_type="qwen3", num_layers=num_layers, hidden_size=64, num_heads=2, num_kv_heads=1,
+        head_dim=32, ffn_hidden_size=128, vocab_size=96, rope_theta=1e4, norm_eps=1e-6,
+        qkv_bias=False, qk_norm=True, tied_embeddings=True, max_position_embeddings=64,
+    )  # fmt: skip

@@ -18,11 +18,12 @@ else goes to ``F.rms_norm``.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from vime.training.kernels import runs_here
 
 # Rows wider than this are left to torch: one row must fit a program's registers.
 MAX_FUSED_WIDTH = 16384
@@ -32,11 +33,7 @@ _TILE_ELEMENTS = 2048
 
 def available(x: torch.Tensor) -> bool:
     """Whether the Triton kernels can normalise ``x`` here (CUDA, or Triton's interpreter)."""
-    if x.shape[-1] > MAX_FUSED_WIDTH or x.numel() == 0:
-        return False
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        return False
-    return _kernels() is not None
+    return x.shape[-1] <= MAX_FUSED_WIDTH and runs_here(x) and _kernels() is not None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -15,17 +15,16 @@ For the rotated width ``r`` split into halves ``t1, t2`` and the angles' halves 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 
+from vime.training.kernels import runs_here
+
 
 def available(t: torch.Tensor) -> bool:
     """Whether the kernel can rotate ``t`` here (CUDA, or Triton's interpreter)."""
-    if t.numel() == 0 or not (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        return False
-    return _kernel() is not None
+    return runs_here(t) and _kernel() is not None
 
 
 def rotate(t: torch.Tensor, angles: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:

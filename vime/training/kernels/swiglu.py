@@ -9,22 +9,19 @@ host time per call. Elsewhere the functions hand over to the compiled ones.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from vime.training.kernels import runs_here
 
 _BLOCK = 1024
 
 
 def available(y: torch.Tensor) -> bool:
     """Whether the kernels can take ``y`` here (CUDA, or Triton's interpreter)."""
-    if y.numel() == 0 or y.shape[-1] % 2:
-        return False
-    if not (y.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        return False
-    return _kernels() is not None
+    return y.shape[-1] % 2 == 0 and runs_here(y) and _kernels() is not None
 
 
 def swiglu(y: torch.Tensor) -> torch.Tensor:
