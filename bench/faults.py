@@ -295,27 +295,35 @@ def _kill_process(pattern: bytes, sig: int = signal.SIGKILL) -> Callable:
     return inject
 
 
-def _kill_engine_mid_rollout(run: Run, rng: random.Random, o: Outcome) -> float:
-    """kill -9 of the engine while it generates: after step 1 and a random delay, at the next
-    moment its /metrics shows a running request (a tiny model's rollout lasts a fraction of a
+def _kill_mid_rollout(pattern: bytes) -> Callable:
+    """kill -9 of the process matching ``pattern`` (the engine, or the router in front of it)
+    while the engine generates: after step 1 and a random delay, at the next moment the
+    engine's /metrics shows a running request (a tiny model's rollout lasts a fraction of a
     second, so a plain random moment mostly falls between rollouts)."""
-    pids, _ = _mid_step(run, rng, lambda: run.processes(ENGINE), max_delay=0.5)
-    pid = pids[0]
-    argv = read_bytes(f"/proc/{pid}/cmdline").split(b"\0")
-    url = f"http://127.0.0.1:{int(argv[argv.index(b'--port') + 1])}/metrics"
 
-    def generating() -> bool:
-        if run.proc is not None and run.proc.poll() is not None:
-            raise RuntimeError("the run ended before a request ran on the engine: fault missed")
-        return _requests_running(url) > 0
+    def inject(run: Run, rng: random.Random, o: Outcome) -> float:
+        def targets() -> tuple[list[int], list[int]] | None:
+            engines, victims = run.processes(ENGINE), run.processes(pattern)
+            return (engines, victims) if engines and victims else None
 
-    wait_for(generating, 120, "a request running on the engine", poll=0.02)
-    _signal(pid, signal.SIGKILL)
-    o.extra["steps_at_fault"] = run.steps_done()
-    # Where the kill landed, not where the wait began: the first running request seen is
-    # often a later step's rollout.
-    o.point = f"step {o.extra['steps_at_fault'] + 1} rollout"
-    return time.time()
+        (engines, victims), _ = _mid_step(run, rng, targets, max_delay=0.5)
+        argv = read_bytes(f"/proc/{engines[0]}/cmdline").split(b"\0")
+        url = f"http://127.0.0.1:{int(argv[argv.index(b'--port') + 1])}/metrics"
+
+        def generating() -> bool:
+            if run.proc is not None and run.proc.poll() is not None:
+                raise RuntimeError("the run ended before a request ran on the engine: missed")
+            return _requests_running(url) > 0
+
+        wait_for(generating, 120, "a request running on the engine", poll=0.02)
+        _signal(victims[0], signal.SIGKILL)
+        o.extra["steps_at_fault"] = run.steps_done()
+        # Where the kill landed, not where the wait began: the first running request seen is
+        # often a later step's rollout.
+        o.point = f"step {o.extra['steps_at_fault'] + 1} rollout"
+        return time.time()
+
+    return inject
 
 
 def _requests_running(metrics_url: str) -> float:
@@ -424,7 +432,8 @@ def fault_in_run(name: str, inject: Callable, expect_exit: bool = False) -> Call
         run.start()
         at = inject(run, rng, o)
         if not expect_exit:
-            run.wait()
+            if run.wait() != 0:  # so that a failed case's report says why the run stopped
+                o.message = _stop_reason(run.log_text())
             return account(run, o, at)
         code = run.wait()
         o.message = _error_line(run.log_text())
@@ -519,13 +528,19 @@ def _error_line(log: str) -> str:
     return next((x for x in reversed(log.splitlines()) if x.startswith("vime: error:")), "")
 
 
+def _stop_reason(log: str) -> str:
+    """The run's ``vime: error:`` line, else the end of its log (a traceback or a kill)."""
+    return _error_line(log) or "log ends: " + " | ".join(log.strip().splitlines()[-8:])[-1500:]
+
+
 # Every task carries the fault; the env injects it into a random 30% of the episodes.
 POISON = {"env reset raises": "reset", "env step raises": "step", "grader times out": "grader"}
 
 FAULTS: dict[str, Callable[[Run, random.Random], Outcome]] = {
-    "engine kill -9": fault_in_run("engine kill -9", _kill_engine_mid_rollout),
-    # vllm-router renames its process "vllm::router".
-    "router kill -9": fault_in_run("router kill -9", _kill_process(b"vllm::router")),
+    "engine kill -9": fault_in_run("engine kill -9", _kill_mid_rollout(ENGINE)),
+    # vllm-router renames its process "vllm::router". Killed mid-rollout: its death drops
+    # every request in flight (CI once saw that fail a whole step).
+    "router kill -9": fault_in_run("router kill -9", _kill_mid_rollout(b"vllm::router")),
     "engine SIGSTOP 90s": fault_in_run("engine SIGSTOP 90s", _hang_engine(90.0)),
     "trainer actor killed": fault_in_run(
         "trainer actor killed", _kill_process(b"ray::TrainerWorker"), expect_exit=True

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(900)]
 
 
 def check_zeros(o) -> None:
-    assert o.finished, o
+    assert o.finished, f"the run did not finish: {o.message or '(no message)'}; {o}"
     assert o.lost_silently == 0, o
     assert o.steps_twice == 0, o
     assert o.leftovers == 0 and o.extra.get("leftovers_after_stop", 0) == 0, o
@@ -64,9 +64,16 @@ def test_the_run_survives_an_engine_killed_mid_rollout(faults, tmp_path, mode):
     assert o.extra["steps_at_fault"] < 4 and o.recover_s is not None, o
 
 
-@pytest.mark.parametrize("fault", ["router kill -9", "engine SIGSTOP 90s"])
-def test_the_run_survives_a_dead_or_hung_process(faults, tmp_path, fault):
-    check_zeros(faults.run_fault(fault, tmp_path))
+def test_the_run_survives_the_router_killed_mid_rollout(faults, tmp_path):
+    # The router's death drops every request in flight: CI once saw all of a step's episodes
+    # fail and the run stop, before the client sent a dropped request again.
+    o = faults.run_fault("router kill -9", tmp_path)
+    check_zeros(o)
+    assert o.extra["steps_at_fault"] < 4 and o.recover_s is not None, o
+
+
+def test_the_run_survives_a_hung_engine(faults, tmp_path):
+    check_zeros(faults.run_fault("engine SIGSTOP 90s", tmp_path))
 
 
 @pytest.mark.docker

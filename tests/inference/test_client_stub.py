@@ -157,14 +157,26 @@ async def test_retry_seconds_is_a_bound_then_the_request_is_reported():
     assert 0.5 <= waited < 3.0 and fault.calls > 2
 
 
-async def test_a_request_that_was_accepted_and_dropped_is_not_retried():
+async def test_a_request_whose_connection_dropped_is_sent_again():
+    # The router killed under a request closes its connection with no answer (CI's router
+    # kill -9 landed mid-rollout and failed every episode of the step); the restarted router
+    # answers the retry.
+    fault = CountingFault(lambda: DROP, lambda calls: calls <= 2)
+    async with StubServer(policy=reply("back"), fault=fault) as stub:
+        client = VimeClient(stub.url, model="stub", retry_backoff=0.0)
+        sample = await client.chat(HELLO)
+        await client.close()
+    assert sample.text == "back" and fault.calls == 3
+
+
+async def test_a_connection_that_keeps_dropping_is_reported_after_the_retries():
     fault = CountingFault(lambda: DROP)
     async with StubServer(fault=fault) as stub:
-        client = VimeClient(stub.url, model="stub", retry_backoff=0.0)
-        with pytest.raises(RequestAborted) as info:
+        client = VimeClient(stub.url, model="stub", max_retries=2, retry_backoff=0.0)
+        with pytest.raises(RequestAborted, match="the connection dropped") as info:
             await client.chat(HELLO)
         await client.close()
-    assert fault.calls == 1 and info.value.reason == "connection_lost"
+    assert fault.calls == 3 and info.value.reason == "connection_lost"
 
 
 @pytest.mark.parametrize(

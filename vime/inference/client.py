@@ -7,13 +7,15 @@ comes from the ``x-vime-weight-version`` header that Vime's engine middleware se
 vLLM's per-token spans on the token-in path). Plain aiohttp and ``json``: an SDK's pydantic
 parsing and httpcore's pool cost more than the whole rollout loop at a thousand episodes.
 
-Retries happen only when no engine can answer the request: the connection was refused,
-the router answered 503 (no worker: every engine is out, e.g. restarting), or the router
-could not reach the engine it chose (it died under the request, so no reply can come from
-it). They go on with backoff for ``max_retries`` attempts or ``retry_seconds``, whichever
-is longer, so a training run waits out an engine restart. A request that an engine accepted
-and then failed ends as :class:`RequestAborted` with a reason, so a generation never
-silently runs twice on the client's account. Cancelling the awaiting task closes the
+Retries happen only when no answer can come for the request: the connection was refused,
+the router answered 503 (no worker: every engine is out, e.g. restarting), the router could
+not reach the engine it chose (it died under the request), or the connection dropped while
+the request ran (the router died under it, or the engine in direct mode; its generation
+died with it). They go on with backoff for ``max_retries`` attempts or ``retry_seconds``,
+whichever is longer, so a training run waits out an engine or router restart; a dropped
+connection past that budget ends as :class:`RequestAborted` ("connection_lost"). A request
+that an engine answered with an error, or not within the timeout, is never sent again: it
+ends as :class:`RequestAborted` with a reason. Cancelling the awaiting task closes the
 connection, which makes vLLM abort the generation.
 """
 
@@ -168,6 +170,11 @@ class VimeClient:
 
         attempt = 0
         deadline = time.monotonic() + self.retry_seconds
+        dropped = (
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+            aiohttp.ClientPayloadError,
+        )
 
         def give_up() -> bool:
             return attempt >= self.max_retries and time.monotonic() >= deadline
@@ -187,10 +194,15 @@ class VimeClient:
                 raise RequestAborted(
                     "timeout", f"no answer within the request timeout ({exc!r})"
                 ) from exc
+            except dropped as exc:
+                # The process holding the request died (a router's death drops every request
+                # in flight at once): no answer can come on this connection, so send it again.
+                if give_up():
+                    raise RequestAborted(
+                        "connection_lost", f"the connection dropped while the request ran: {exc!r}"
+                    ) from exc
             except aiohttp.ClientError as exc:
-                raise RequestAborted(
-                    "connection_lost", f"the connection dropped while the request ran: {exc!r}"
-                ) from exc
+                raise RequestAborted("client_error", f"the request failed: {exc!r}") from exc
             attempt += 1
             await asyncio.sleep(min(_MAX_BACKOFF_S, self.retry_backoff * 2 ** (attempt - 1)))
 

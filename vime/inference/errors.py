@@ -17,7 +17,8 @@ class RequestAborted(InferenceError):
     """A request ended without a complete answer, on purpose or because its engine died.
 
     ``reason`` is a short machine-readable cause ("engine_died", "weight_update", "cancelled",
-    "timeout", "server_error") and ``partial`` the raw response when there was one.
+    "timeout", "server_error", "connection_lost", "client_error") and ``partial`` the raw
+    response when there was one.
     """
 
     def __init__(self, reason: str, message: str, partial: object | None = None) -> None:
