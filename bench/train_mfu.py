@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 UNFUSED = (
     " --no-bias-swiglu-fusion --no-rope-fusion --no-gradient-accumulation-fusion"
-    " --no-rms-norm-fusion"
+    " --no-rms-norm-fusion --no-optimizer-fusion"
 )
 
 

@@ -141,6 +141,79 @@ def swiglu_cases() -> dict[str, float]:
     return out
 
 
+def _adamw_reference(p, g, m, v, h) -> tuple:
+    """Decoupled weight decay AdamW (Loshchilov & Hutter, Algorithm 2) in float64."""
+    g = g.double() * h.grad_scale
+    m = h.beta1 * m.double() + (1 - h.beta1) * g
+    v = h.beta2 * v.double() + (1 - h.beta2) * g * g
+    m_hat = m / (1 - h.beta1**h.step)
+    v_hat = v / (1 - h.beta2**h.step)
+    p = p.double() * (1 - h.lr * h.weight_decay) - h.lr * m_hat / (v_hat.sqrt() + h.eps)
+    return p, m, v
+
+
+def adamw_cases() -> dict[str, float]:
+    """The multi-tensor AdamW kernel over three steps against float64 math and torch's AdamW:
+    tensors smaller and larger than a block, odd sizes, a scaled (clipped) gradient, weight
+    decay, and the bf16 model copy (one rounding of the new fp32 master)."""
+    from vime.training.kernels import adamw
+
+    assert adamw.BLOCK == 4096
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(3,), (4096,), (5000,), (7, 1300)]
+    params = [torch.randn(s, generator=gen) for s in shapes]
+    start = [p.clone() for p in params]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    models = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+    ref = [(p.double(), torch.zeros(p.shape, dtype=torch.float64), torch.zeros(p.shape,
+            dtype=torch.float64)) for p in params]  # fmt: skip
+    torch_params = [torch.nn.Parameter(p.clone()) for p in params]
+    torch_opt = torch.optim.AdamW(torch_params, lr=0.01, betas=(0.9, 0.95), eps=1e-8,
+                                  weight_decay=0.1, foreach=False)  # fmt: skip
+    launches = 0
+    real_launch = adamw._launch
+
+    def counting(*args):
+        nonlocal launches
+        launches += 1
+        real_launch(*args)
+
+    adamw._launch = counting
+    out: dict[str, float] = {}
+    for step in (1, 2, 3):
+        grads = [torch.randn(p.shape, generator=gen) * 10 ** (step - 2) for p in params]
+        h = adamw.AdamWHyper(lr=0.01, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+                             step=step, grad_scale=0.5 if step == 2 else 1.0)  # fmt: skip
+        adamw.adamw_step(params, grads, m, v, models, h)
+        ref = [_adamw_reference(*r[:1], gr, *r[1:], h) for r, gr in zip(ref, grads, strict=True)]
+        for tp, gr in zip(torch_params, grads, strict=True):
+            tp.grad = gr * h.grad_scale
+        torch_opt.step()
+        for i, (p, (rp, rm, rv)) in enumerate(zip(params, ref, strict=True)):
+            # Relative to the tensor's largest value: the moments span 1e-2 to 1e2 here.
+            for name, got, exact in (("p", p, rp), ("m", m[i], rm), ("v", v[i], rv)):
+                scale = float(exact.abs().max())
+                out[f"s{step}_t{i}_{name}"] = float((got.double() - exact).abs().max()) / scale
+            out[f"s{step}_t{i}_torch_p"] = float((p - torch_params[i].detach()).abs().max())
+            # bf16 copy: the fp32 master rounded once (the interpreter truncates: one step).
+            out[f"s{step}_t{i}_model_bf16_rel"] = _relative(models[i], p.double())
+    for i, p in enumerate(params):
+        out[f"t{i}_moved"] = float((p - start[i]).abs().max())
+    out["aligned"] = float(all(plan.aligned for plan in adamw._plans.values()))
+    # Views one element into a buffer (4-byte aligned only) take the kernel's scalar path.
+    flat = [torch.randn(1 + 6000, generator=gen) for _ in range(4)]
+    p, g, m, v = (x[1 : 1 + 5000] for x in flat)
+    m.zero_(), v.zero_()
+    exact = _adamw_reference(p, g, m, v, h)
+    adamw._plans.clear()
+    adamw.adamw_step([p], [g], [m], [v], None, h)
+    out["unaligned_taken"] = float(not any(plan.aligned for plan in adamw._plans.values()))
+    out["unaligned_p"] = float((p.double() - exact[0]).abs().max()) / float(exact[0].abs().max())
+    out["launches"] = launches
+    return out
+
+
 def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
     return float(((value.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max())
 

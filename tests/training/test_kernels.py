@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 HELPER = Path(__file__).with_name("kernels_interpreted.py")
 
@@ -61,6 +61,73 @@ def test_swiglu_kernels_equal_the_unfused_math():
             # fp32 math cast once to bf16. Triton's interpreter casts by truncation (1 + 2^-8 +
             # 2^-10 becomes 1.0, not 1.0078125; CUDA rounds to nearest): one bf16 step, 2^-7.
             assert value <= 2**-7 * 1.01, (key, value)
+
+
+def test_adamw_kernel_equals_decoupled_weight_decay_adam():
+    d = _interpreted("adamw_cases")
+    assert d.pop("launches") == 3 + 1  # one launch per step for all four tensors, one unaligned
+    # Own allocations start on 16 bytes (vector loads on CUDA); views one element into a
+    # buffer do not, and take the scalar path.
+    assert d.pop("aligned") == 1.0 and d.pop("unaligned_taken") == 1.0
+    for key, value in d.items():
+        if key.endswith("_moved"):
+            assert value > 0.02, key  # lr 0.01 for three steps: every tensor moved
+        elif key.endswith("_model_bf16_rel"):
+            assert value <= 2**-7 * 1.01, (key, value)  # one bf16 step (truncation)
+        elif key.endswith("_torch_p"):
+            assert value < 1e-6, (key, value)  # torch.optim.AdamW's own fp32 result
+        else:
+            assert value < 1e-6, (key, value)  # relative to the tensor's scale, vs float64
+
+
+def test_adamw_kernel_compiles_for_the_h200_with_vector_loads():
+    """The kernel as CUDA compiles it for sm_90 (Triton's own ptxas, no GPU needed): the
+    aligned variant moves whole blocks with 16-byte vector loads and stores, the other
+    compiles too. The interpreter alone accepts code CUDA refuses (it did, once, here)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vime.training.kernels.adamw import BLOCK, _adamw_kernel
+
+    ints = {"pointers": "*i64", "n": "i32", "sizes": "*i64", "block_tensor": "*i32",
+            "block_start": "*i64"}  # fmt: skip
+    floats = ("lr", "weight_decay", "beta1", "beta2", "eps", "bc1", "bc2_sqrt", "grad_scale")
+    consts = ("WRITE_MODEL", "MODEL_DTYPE", "ALIGNED", "BLOCK")
+    signature = {**ints, **dict.fromkeys(floats, "fp32"), **dict.fromkeys(consts, "constexpr")}
+    vectors = {}
+    for aligned in (True, False):
+        for write_model, dtype in ((True, 0), (True, 1), (False, 0)):
+            constants = {"WRITE_MODEL": write_model, "MODEL_DTYPE": dtype, "ALIGNED": aligned,
+                         "BLOCK": BLOCK}  # fmt: skip
+            src = ASTSource(fn=_adamw_kernel, signature=signature, constexprs=constants)
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+            assert compiled.asm["cubin"]
+            vectors[(aligned, write_model, dtype)] = compiled.asm["ptx"].count(".v4.")
+    assert all(vectors[(True, *rest)] >= 16 for rest in ((True, 0), (True, 1), (False, 0)))
+    assert all(vectors[(False, *rest)] == 0 for rest in ((True, 0), (True, 1), (False, 0)))
+
+
+def test_adamw_falls_back_to_the_same_math_and_refuses_bad_input():
+    from vime.training.kernels.adamw import AdamWHyper, adamw_step
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter runs the kernels on the CPU")
+    h = AdamWHyper(lr=0.1, weight_decay=0.5, beta1=0.9, beta2=0.99, eps=1e-8, step=1)
+    p, g = torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.0])
+    m, v, w = torch.zeros(2), torch.zeros(2), torch.empty(2, dtype=torch.bfloat16)
+    adamw_step([p], [g], [m], [v], [w], h)
+    # step 1: m_hat = g, v_hat = g^2, so the update is lr * sign(g) (0 where g is 0)
+    expected = torch.tensor([1.0 * 0.95 - 0.1 * 0.5 / (0.5 + 1e-8), -2.0 * 0.95])
+    assert torch.allclose(p, expected, atol=1e-6) and torch.equal(w, p.bfloat16())
+    with pytest.raises(ValueError, match="step counts from 1"):
+        adamw_step([p], [g], [m], [v], None, AdamWHyper(0.1, 0.0, 0.9, 0.99, 1e-8, step=0))
+    with pytest.raises(ValueError, match=r"grad 0 has shape \(3,\), its param \(2,\)"):
+        adamw_step([p], [torch.zeros(3)], [m], [v], None, h)
+    with pytest.raises(ValueError, match=r"exp_avg 0 is torch\.bfloat16"):
+        adamw_step([p], [g], [m.bfloat16()], [v], None, h)
+    with pytest.raises(ValueError, match="share one dtype"):
+        adamw_step([p, p.clone()], [g, g], [m, m.clone()], [v, v.clone()],
+                   [w, torch.empty(2)], h)  # fmt: skip
 
 
 def test_kernels_fall_back_to_torch_off_cuda():

@@ -145,3 +145,52 @@ class _CpGroup:
 
     def rank(self) -> int:
         return 0
+
+
+def optimizer_run(
+    folder: str, args: list[str], steps: int, save_after: int = 0, load: str = ""
+) -> dict[str, Any]:
+    """``steps`` Megatron train steps on CPU (clipping active: --clip-grad 0.05 is below the
+    gradient norms here); with ``load``, from that checkpoint; with ``save_after`` N, saved
+    after step N into ``load``'s folder. Returns each step's loss and grad norm, the masters,
+    the model weights, torch's AdamW states and how often the fused kernel launched."""
+    from megatron_cpu import cpu_shim, signed_batch
+
+    from vime.training.base import TrainerConfig
+    from vime.training.kernels import adamw
+    from vime.training.megatron.trainer import MegatronTrainer
+
+    launches = {"adamw": 0}
+    adamw._launch = _counted(adamw._launch, launches, "adamw")
+    g = torch.Generator().manual_seed(11)
+    batch = signed_batch([torch.randint(0, 96, (n,), generator=g).tolist() for n in (15, 9, 12)])
+    with cpu_shim():
+        config = TrainerConfig(
+            hf_checkpoint=folder, backend="megatron", seed=7, lr=1e-3, clip_grad=0.05,
+            weight_decay=0.1,
+        )  # fmt: skip
+        trainer = MegatronTrainer(config, megatron_args=args)
+        if load and not save_after:
+            trainer.load(load)
+        metrics = []
+        for i in range(steps):
+            m = trainer.train_step(batch)
+            metrics.append((m["loss"], m["grad_norm"]))
+            if save_after and i + 1 == save_after:
+                trainer.save(load)
+        inner = trainer.optimizer.optimizer
+        states = [
+            {k: v.clone() if torch.is_tensor(v) else v for k, v in inner.state[p].items()}
+            for group in inner.param_groups
+            for p in group["params"]
+        ]
+        masters = [p.detach().clone() for group in inner.param_groups for p in group["params"]]
+        weights = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+    return {
+        "metrics": metrics,
+        "masters": masters,
+        "weights": weights,
+        "states": states,
+        "launches": launches["adamw"],
+        "fused": trainer._fused_optimizer,
+    }

@@ -88,23 +88,33 @@ def test_moe_flags_are_parsed():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        ([], (None, None, None, None)),
-        (["--bias-swiglu-fusion"], (True, None, None, None)),
-        (["--no-bias-swiglu-fusion", "--no-rope-fusion"], (False, False, None, None)),
-        (["--apply-rope-fusion", "--gradient-accumulation-fusion"], (None, True, True, None)),
-        (["--no-gradient-accumulation-fusion"], (None, None, False, None)),
-        (["--rms-norm-fusion"], (None, None, None, True)),
-        (["--no-rms-norm-fusion"], (None, None, None, False)),
+        ([], (None, None, None, None, None)),
+        (["--bias-swiglu-fusion"], (True, None, None, None, None)),
+        (["--no-bias-swiglu-fusion", "--no-rope-fusion"], (False, False, None, None, None)),
+        (["--apply-rope-fusion", "--gradient-accumulation-fusion"], (None, True, True, None, None)),
+        (["--no-gradient-accumulation-fusion"], (None, None, False, None, None)),
+        (["--rms-norm-fusion"], (None, None, None, True, None)),
+        (["--no-rms-norm-fusion"], (None, None, None, False, None)),
+        (["--optimizer-fusion"], (None, None, None, None, True)),
+        (["--no-optimizer-fusion", "--bf16"], (None, None, None, None, False)),
     ],
 )
 def test_fusion_flags_turn_each_fusion_on_or_off(args, expected, monkeypatch):
     cfg = parse_megatron_args(args)
-    names = ("bias_swiglu", "apply_rope", "gradient_accumulation", "rms_norm")
+    names = ("bias_swiglu", "apply_rope", "gradient_accumulation", "rms_norm", "optimizer")
     assert tuple(getattr(cfg, f"{n}_fusion") for n in names) == expected
     for cuda in (False, True):  # unset means: on with CUDA
         monkeypatch.setattr("torch.cuda.is_available", lambda cuda=cuda: cuda)
         for name, value in zip(names, expected, strict=True):
             assert cfg.fused(name) is (cuda if value is None else value), (name, cuda)
+
+
+def test_the_optimizer_fusion_is_off_with_the_distributed_optimizer(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert not parse_megatron_args(["--use-distributed-optimizer"]).fused("optimizer")
+    assert parse_megatron_args(["--bf16"]).fused("optimizer")
+    with pytest.raises(ConfigError, match="--optimizer-fusion covers the non-distributed"):
+        parse_megatron_args(["--optimizer-fusion", "--use-distributed-optimizer"])
 
 
 def test_the_model_config_takes_the_fusions(monkeypatch):

@@ -110,3 +110,83 @@ def test_fused_step_like_unfused(tiny_models, per_sequence, triton, monkeypatch)
     for name, g in base["grads"].items():
         assert g.abs().max() > 0, name
         assert torch.allclose(fused["grads"][name], g, atol=5e-6, rtol=1e-5), name
+
+
+def _interpreted(monkeypatch) -> None:
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned processes inherit it
+
+
+@pytest.mark.slow
+def test_fused_optimizer_steps_like_megatrons_own(tiny_models, monkeypatch):
+    """--optimizer-fusion (clipping, AdamW, model copy in one Triton pass; interpreted here)
+    against megatron-core's clip + torch AdamW, fp32, three steps with clipping active: every
+    step's loss and gradient norm, the weights, and torch's AdamW states (moments, step)."""
+    from fusions_cpu import optimizer_run
+
+    _interpreted(monkeypatch)
+    folder = str(tiny_models["qwen3"])
+    base = spawn(optimizer_run, 1, folder, ["--no-optimizer-fusion"], 3, backend="gloo")[0]
+    fused = spawn(optimizer_run, 1, folder, ["--optimizer-fusion"], 3, backend="gloo")[0]
+    assert (base["fused"], fused["fused"]) == (False, True)
+    assert (base["launches"], fused["launches"]) == (0, 3 * 2)  # a step: decay, no-decay group
+    assert all(norm > 0.05 for _, norm in base["metrics"])  # clipping scaled every step
+    for (loss, norm), (loss_f, norm_f) in zip(base["metrics"], fused["metrics"], strict=True):
+        assert loss_f == pytest.approx(loss, abs=1e-6) and norm_f == pytest.approx(norm, rel=1e-5)
+    for name, w in base["weights"].items():
+        assert torch.allclose(fused["weights"][name], w, atol=2e-6, rtol=0), name
+    assert len(base["states"]) == len(fused["states"]) > 0
+    for s, s_f in zip(base["states"], fused["states"], strict=True):
+        assert s.keys() == s_f.keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert float(s_f["step"]) == float(s["step"]) == 3.0
+        assert torch.allclose(s_f["exp_avg"], s["exp_avg"], atol=1e-7, rtol=1e-5)
+        assert torch.allclose(s_f["exp_avg_sq"], s["exp_avg_sq"], atol=1e-9, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_fused_optimizer_writes_the_bf16_model_copy(tiny_models, monkeypatch):
+    """--bf16: one step's fp32 masters match megatron's own step, and each bf16 model weight
+    is its master rounded once (the interpreter truncates where CUDA rounds: one bf16 step)."""
+    from fusions_cpu import optimizer_run
+
+    _interpreted(monkeypatch)
+    folder = str(tiny_models["qwen3"])
+    args = ["--bf16"]
+    base = spawn(optimizer_run, 1, folder, [*args, "--no-optimizer-fusion"], 1, backend="gloo")[0]
+    fused = spawn(optimizer_run, 1, folder, [*args, "--optimizer-fusion"], 1, backend="gloo")[0]
+    assert fused["launches"] == 2 and base["launches"] == 0
+    assert fused["metrics"][0] == pytest.approx(base["metrics"][0], rel=1e-6)
+    for m, m_f in zip(base["masters"], fused["masters"], strict=True):
+        assert m_f.dtype == torch.float32 and torch.allclose(m_f, m, atol=2e-6, rtol=0)
+    weights = list(fused["weights"].values())
+    assert all(w.dtype == torch.bfloat16 for w in weights)
+    by_shape = {}
+    for m in fused["masters"]:
+        by_shape.setdefault(tuple(m.shape), []).append(m)
+    for name, w in fused["weights"].items():
+        # the master this weight copies: the one whose rounding it is
+        ok = any(
+            ((w.double() - m.double()).abs() <= m.double().abs() * 2**-7 * 1.01).all()
+            for m in by_shape[tuple(w.shape)]
+        )
+        assert ok, name
+
+
+@pytest.mark.slow
+def test_fused_optimizer_resumes_from_an_unfused_checkpoint(tiny_models, monkeypatch, tmp_path):
+    """The fused step reads and writes torch's AdamW state: a checkpoint saved by megatron's
+    own step after 1 of 3 steps, loaded by the fused step, continues like the unfused run (the
+    bias corrections need the step count it read back)."""
+    from fusions_cpu import optimizer_run
+
+    _interpreted(monkeypatch)
+    folder, ckpt = str(tiny_models["qwen3"]), str(tmp_path / "ckpt")
+    unfused = ["--no-optimizer-fusion"]
+    base = spawn(optimizer_run, 1, folder, unfused, 3, 1, ckpt, backend="gloo")[0]
+    resumed = spawn(optimizer_run, 1, folder, ["--optimizer-fusion"], 2, 0, ckpt, backend="gloo")[0]
+    assert resumed["launches"] == 2 * 2
+    for (loss, norm), (loss_r, norm_r) in zip(base["metrics"][1:], resumed["metrics"], strict=True):
+        assert loss_r == pytest.approx(loss, abs=1e-6) and norm_r == pytest.approx(norm, rel=1e-5)
+    for name, w in base["weights"].items():
+        assert torch.allclose(resumed["weights"][name], w, atol=2e-6, rtol=0), name
+    assert all(float(s["step"]) == 3.0 for s in resumed["states"])

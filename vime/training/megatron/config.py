@@ -35,19 +35,28 @@ class MegatronConfig:
     # Fusions; None means on with CUDA, off on the CPU (where compiling costs more than it
     # saves on tiny models). SwiGLU: megatron-core's fused function, its math in Triton kernels
     # on CUDA; RoPE and weight-gradient accumulation: vime.training.megatron.fusions; RMSNorm:
-    # Triton kernels (vime.training.kernels.rms_norm) instead of F.rms_norm.
+    # Triton kernels (vime.training.kernels.rms_norm) instead of F.rms_norm; optimizer: clipping,
+    # AdamW and the bf16 model copy in one Triton pass (vime.training.megatron.fused_optimizer),
+    # not with the distributed optimizer.
     bias_swiglu_fusion: bool | None = None
     apply_rope_fusion: bool | None = None
     gradient_accumulation_fusion: bool | None = None
     rms_norm_fusion: bool | None = None
+    optimizer_fusion: bool | None = None
 
     def fused(
-        self, name: Literal["bias_swiglu", "apply_rope", "gradient_accumulation", "rms_norm"]
+        self,
+        name: Literal[
+            "bias_swiglu", "apply_rope", "gradient_accumulation", "rms_norm", "optimizer"
+        ],
     ) -> bool:
-        """Whether the ``name`` fusion is on: its flag, else on with CUDA."""
+        """Whether the ``name`` fusion is on: its flag, else on with CUDA (the optimizer's only
+        without the distributed optimizer)."""
         value = getattr(self, f"{name}_fusion")
         if value is not None:
             return bool(value)
+        if name == "optimizer" and self.use_distributed_optimizer:
+            return False
         import torch
 
         return torch.cuda.is_available()
@@ -59,6 +68,11 @@ class MegatronConfig:
             )
         if self.moe_aux_loss_coeff < 0:
             raise ConfigError(f"--moe-aux-loss-coeff {self.moe_aux_loss_coeff} must be >= 0")
+        if self.optimizer_fusion and self.use_distributed_optimizer:
+            raise ConfigError(
+                "--optimizer-fusion covers the non-distributed optimizer only; drop it or "
+                "--use-distributed-optimizer"
+            )
         if self.tensor_model_parallel_size < 1:
             raise ConfigError(
                 f"--tensor-model-parallel-size {self.tensor_model_parallel_size} must be >= 1"
@@ -121,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context-parallel-size", type=int, default=1)
     p.add_argument("--expert-model-parallel-size", type=int, default=1)
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
-    for name in ("bias-swiglu", "rope", "gradient-accumulation", "rms-norm"):
+    for name in ("bias-swiglu", "rope", "gradient-accumulation", "rms-norm", "optimizer"):
         dest = "apply_rope_fusion" if name == "rope" else f"{name.replace('-', '_')}_fusion"
         flag = "apply-rope" if name == "rope" else name
         p.add_argument(f"--{flag}-fusion", dest=dest, action="store_true", default=None)
@@ -140,7 +154,7 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
             "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce, "
             "--expert-model-parallel-size, --moe-aux-loss-coeff, --[no-]bias-swiglu-fusion, "
             "--apply-rope-fusion/--no-rope-fusion, --[no-]gradient-accumulation-fusion, "
-            "--[no-]rms-norm-fusion"
+            "--[no-]rms-norm-fusion, --[no-]optimizer-fusion"
         )
     if known.fp16:
         raise ConfigError("--fp16 is not supported by the Megatron backend; use --bf16")
@@ -173,4 +187,5 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
         apply_rope_fusion=known.apply_rope_fusion,
         gradient_accumulation_fusion=known.gradient_accumulation_fusion,
         rms_norm_fusion=known.rms_norm_fusion,
+        optimizer_fusion=known.optimizer_fusion,
     )

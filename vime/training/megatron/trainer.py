@@ -31,6 +31,7 @@ from vime.training.megatron.convert import (
     tp_split_dim,
     unshard,
 )
+from vime.training.megatron.fused_optimizer import check_supported, fused_step, optimizer_parts
 from vime.training.megatron.pipeline import PipelineStage, to_global_layer
 from vime.training.packing import PackedInputs
 
@@ -220,7 +221,15 @@ class MegatronTrainer(Trainer):
             use_distributed_optimizer=self.mcfg.use_distributed_optimizer,
         )
         self.optimizer = get_megatron_optimizer(opt_config, [self.model])
-        if torch.cuda.is_available():
+        self._fused_optimizer = self.mcfg.fused("optimizer")
+        if self._fused_optimizer:
+            try:
+                check_supported(self.optimizer)
+            except TypeError as exc:
+                if self.mcfg.optimizer_fusion:  # asked for, not the CUDA default
+                    raise ConfigError(f"--optimizer-fusion: {exc}; drop the flag") from exc
+                self._fused_optimizer = False
+        if not self._fused_optimizer and torch.cuda.is_available():
             # Without TE/Apex Megatron builds torch's AdamW with its default multi-tensor path;
             # the fused CUDA kernel does the same update in one pass over the fp32 states.
             for part in self._optimizer_parts():
@@ -366,7 +375,10 @@ class MegatronTrainer(Trainer):
         finalize_model_grads([self.model])
 
     def _optimizer_step(self) -> float:
-        ok, grad_norm, _ = self.optimizer.step()  # clips to --clip-grad itself
+        if self._fused_optimizer:
+            ok, grad_norm = fused_step(self.optimizer)
+        else:
+            ok, grad_norm, _ = self.optimizer.step()  # clips to --clip-grad itself
         if not ok:
             raise RuntimeError("the Megatron optimizer skipped the step (non-finite gradients)")
         return float(grad_norm)
@@ -446,7 +458,7 @@ class MegatronTrainer(Trainer):
 
     def _optimizer_parts(self) -> list[Any]:
         """The optimizers a Megatron ``ChainedOptimizer`` holds (or the optimizer itself)."""
-        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
+        return optimizer_parts(self.optimizer)
 
     def save(self, directory: str | Path) -> Path:
         """Atomic checkpoint: per-rank model shard, optimizer state and RNG; see :class:`Trainer`.

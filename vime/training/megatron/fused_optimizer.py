@@ -1,0 +1,125 @@
+"""Megatron's optimizer step through one Triton kernel per parameter group
+(``--optimizer-fusion``, on with CUDA): gradient clipping, AdamW on the fp32 masters and the
+bf16 model copy in one pass (vime.training.kernels.adamw), instead of megatron-core's three.
+
+The states stay where megatron-core and torch keep them: the masters in megatron's
+``Float16OptimizerWithFloat16Params``, the moments and step counts in torch's AdamW ``state``,
+so checkpoints and the unfused step read and write the same tensors. Only the non-distributed
+optimizer is covered (its masters are whole parameters); the config refuses the flag with
+``--use-distributed-optimizer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vime.training.kernels.adamw import AdamWHyper, adamw_step
+
+
+def optimizer_parts(optimizer: Any) -> list[Any]:
+    """The optimizers a megatron ``ChainedOptimizer`` holds (or the optimizer itself)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def check_supported(optimizer: Any) -> None:
+    """Raise a ``TypeError`` naming what the fused step cannot take."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for part in optimizer_parts(optimizer):
+        if isinstance(part, DistributedOptimizer):
+            raise TypeError("the fused optimizer step does not cover the distributed optimizer")
+        inner = part.optimizer
+        if not isinstance(inner, torch.optim.AdamW):
+            raise TypeError(f"the fused optimizer step is AdamW; megatron built {type(inner)}")
+        for group in inner.param_groups:
+            if group.get("amsgrad") or group.get("maximize"):
+                raise TypeError("the fused optimizer step has no amsgrad or maximize")
+        if getattr(part, "grad_scaler", None) is not None:
+            raise TypeError("the fused optimizer step has no loss scaling (use --bf16)")
+
+
+@torch.no_grad()
+def fused_step(optimizer: Any) -> tuple[bool, float]:
+    """One optimizer step of a megatron optimizer (single or chained) with the fused kernel;
+    returns (success, the gradient norm before clipping) as megatron's ``step()`` does: the
+    norm is 0.0 when clipping is off, as there."""
+    parts = optimizer_parts(optimizer)
+    if optimizer.prepare_grads():  # main grads in place; True only on a found inf/nan
+        return False, 0.0
+    clip = parts[0].config.clip_grad
+    grad_norm = 0.0
+    if clip > 0.0 or len(parts) > 1:
+        grad_norm = float(optimizer.get_grad_norm())  # one host read, for the run's metrics
+    scale = 1.0
+    if clip > 0.0 and clip / (grad_norm + 1.0e-6) < 1.0:  # megatron-core's rule and epsilon
+        scale = clip / (grad_norm + 1.0e-6)
+    for part in parts:
+        _step_part(part, scale)
+    return True, grad_norm
+
+
+def _step_part(part: Any, grad_scale: float) -> None:
+    inner: torch.optim.AdamW = part.optimizer
+    model_of = {  # megatron's FP32Optimizer (no --bf16) has no copies: its params are the masters
+        id(main): model
+        for models, mains in zip(
+            getattr(part, "float16_groups", []),
+            getattr(part, "fp32_from_float16_groups", []),
+            strict=True,
+        )
+        for model, main in zip(models, mains, strict=True)
+    }
+    for group in inner.param_groups:
+        with_copy = [p for p in group["params"] if p.grad is not None and id(p) in model_of]
+        fp32_only = [p for p in group["params"] if p.grad is not None and id(p) not in model_of]
+        copies = [model_of[id(p)].data for p in with_copy]
+        for params, models in ((with_copy, copies), (fp32_only, None)):
+            if not params:
+                continue
+            steps = [_state(inner, p)["step"] for p in params]
+            step = _host_step(part, steps[0]) + 1
+            beta1, beta2 = group["betas"]
+            hyper = AdamWHyper(
+                lr=float(group["lr"]),
+                weight_decay=float(group["weight_decay"]),
+                beta1=float(beta1),
+                beta2=float(beta2),
+                eps=float(group["eps"]),
+                step=step,
+                grad_scale=grad_scale,
+            )
+            states = [inner.state[p] for p in params]
+            adamw_step(
+                params,
+                [p.grad for p in params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                models,
+                hyper,
+            )
+            torch._foreach_add_(steps, 1.0)  # torch's per-parameter step, for checkpoints
+            part._vime_steps[id(steps[0])] = (steps[0], step)
+
+
+def _state(inner: torch.optim.AdamW, p: torch.Tensor) -> dict:
+    """torch's AdamW state of ``p``, made as torch's fused AdamW makes it on its first step."""
+    state = inner.state[p]
+    if not state:
+        state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state
+
+
+def _host_step(part: Any, step_tensor: torch.Tensor) -> int:
+    """The steps taken so far by a group, kept on the host: read from torch's state once (a
+    fresh start, or states a checkpoint load replaced), then counted here."""
+    known = part.__dict__.setdefault("_vime_steps", {})
+    entry = known.get(id(step_tensor))
+    if entry is None or entry[0] is not step_tensor:  # the tensor is held: its id is not reused
+        if len(known) > 64:
+            known.clear()
+        entry = known[id(step_tensor)] = (step_tensor, int(step_tensor.item()))
+    return entry[1]
