@@ -214,10 +214,124 @@ def adamw_cases() -> dict[str, float]:
     return out
 
 
+def output_softmax_cases() -> dict[str, float]:
+    """The chunked output layer with its softmax in the Triton kernels (fused=True) against
+    float64 math (fp32 inputs) and against its torch path (fp32 and bf16): values and the
+    gradients of hidden states and weights. Vocab sizes under, at and over the kernels' 4,096
+    tile, a temperature, row selection, each output alone, and two vocab shards (gloo)."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from output_logprobs_data import grads, inputs, reference, vocab_parallel_grads
+
+    from vime.training.kernels import output_softmax
+    from vime.training.launch import spawn
+    from vime.training.output_logprobs import token_logprobs_and_entropy
+
+    calls = {"stats": 0, "grad": 0}
+    stats, grad = output_softmax.row_stats, output_softmax.logits_grad_
+
+    def counted_stats(*a):
+        calls["stats"] += 1
+        return stats(*a)
+
+    def counted_grad(*a):
+        calls["grad"] += 1
+        return grad(*a)
+
+    output_softmax.row_stats, output_softmax.logits_grad_ = counted_stats, counted_grad
+    out: dict[str, float] = {}
+
+    def compare(name, got, want):
+        for part, a, b in zip(("lp", "ent", "gh", "gw"), got, want, strict=True):
+            scale = float(b.abs().max().clamp_min(1e-30))
+            out[f"{name}_{part}"] = float((a.double() - b.double()).abs().max()) / scale
+
+    for v in (53, 4096, 5000):
+        for temperature in (1.0, 0.7):
+            data = inputs(n=37, h=16, v=v, seed=v)
+            f64 = inputs(n=37, h=16, v=v, seed=v, dtype=torch.float64)
+
+            def fused(h, w, t, temperature=temperature, on=True):
+                return token_logprobs_and_entropy(
+                    h, w, t, temperature=temperature, chunk_tokens=8, fused=on
+                )
+
+            got = grads(fused, *data)
+            compare(f"v{v}_t{temperature}_f64", got, grads(
+                lambda h, w, t, temperature=temperature: reference(h, w, t, temperature),
+                *f64))  # fmt: skip
+            compare(f"v{v}_t{temperature}_torch", got, grads(
+                lambda h, w, t: fused(h, w, t, on=False), *data))  # fmt: skip
+    data = inputs(n=37, h=16, v=5000, seed=1)
+    f64 = inputs(n=37, h=16, v=5000, seed=1, dtype=torch.float64)
+    got = grads(lambda h, w, t: token_logprobs_and_entropy(h, w, t, chunk_tokens=5), *data, False)
+    compare("no_entropy", got, grads(reference, *f64, use_entropy=False))
+    hidden, weight, targets, _, coef = data
+    _, ent = token_logprobs_and_entropy(hidden, weight, targets, chunk_tokens=4)
+    g = torch.autograd.grad((ent * coef).sum(), hidden)[0]
+    _, ref_ent = reference(*f64[:3])
+    want = torch.autograd.grad((ref_ent * f64[4]).sum(), f64[0])[0]
+    out["entropy_alone_gh"] = float((g.double() - want).abs().max() / want.abs().max())
+    rows = torch.tensor([0, 3, 4, 5, 19, 36])
+    lp, ent = token_logprobs_and_entropy(hidden, weight, targets, chunk_tokens=4, rows=rows)
+    ref_lp, ref_ent = reference(*f64[:3])
+    keep = torch.zeros(37, dtype=torch.bool).index_fill_(0, rows, True)
+    out["rows_zero_elsewhere"] = float((lp[~keep] != 0).sum() + (ent[~keep] != 0).sum())
+    out["rows_lp"] = float((lp.double() - ref_lp.where(keep, 0.0)).abs().max())
+    # bf16 inputs: the kernels and the torch path both read the same bf16 logits.
+    h, w, t, c_lp, c_ent = inputs(n=64, h=32, v=5000, seed=3, dtype=torch.bfloat16)
+    got = grads(lambda *x: token_logprobs_and_entropy(*x, chunk_tokens=16), h, w, t, c_lp, c_ent)
+    torch_path = grads(lambda *x: token_logprobs_and_entropy(*x, chunk_tokens=16, fused=False),
+                       h, w, t, c_lp, c_ent)  # fmt: skip
+    compare("bf16_torch", got, torch_path)
+    kernel_calls = dict(calls)
+    # Two vocab shards: each rank's kernels (fp32 on the interpreter), combined across the group.
+    assert output_softmax.available(torch.zeros(1, 1))
+    shards = spawn(vocab_parallel_grads, 2, 54, 10, torch.float32, timeout=300)
+    f64 = inputs(v=54, seed=4, dtype=torch.float64)
+    lp64, ent64, gh64, gw64 = grads(reference, *f64)
+    for rank, (lp, ent, gh, gw) in enumerate(shards):
+        want = (lp64, ent64, gh64, gw64[rank * 27 : (rank + 1) * 27])
+        compare(f"tp_rank{rank}", (lp, ent, gh, gw), want)
+    out["stats_calls"], out["grad_calls"] = kernel_calls["stats"], kernel_calls["grad"]
+    return out
+
+
+def output_softmax_flag_cases(model: str, tmp: str) -> dict[str, float]:
+    """``vime train`` flags -> setup -> torch trainer: one train step with and without
+    --no-output-softmax-fusion, counting the kernels' forward calls; same loss either way."""
+    from vime.cli.main import parse_args
+    from vime.cli.train_cmd import build_setup
+    from vime.training.batch import TrainBatch, TrainSample
+    from vime.training.kernels import output_softmax
+    from vime.training.torch_backend import TorchTrainer
+
+    calls = [0]
+    stats = output_softmax.row_stats
+
+    def counted(*a):
+        calls[0] += 1
+        return stats(*a)
+
+    output_softmax.row_stats = counted
+    out: dict[str, float] = {}
+    mask = [0, 0] + [1] * 6
+    sample = TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30], loss_mask=mask,
+                         advantages=[float(m) for m in mask],
+                         rollout_logprobs=[-2.0 * m for m in mask])  # fmt: skip
+    for name, extra in (("on", []), ("off", ["--no-output-softmax-fusion"])):
+        argv = ["train", "--model", model, "--env", "vime/Math-v0", "--output-dir", tmp, *extra]
+        setup = build_setup(parse_args(argv))
+        out[f"{name}_config"] = float(setup.trainer.output_softmax_fusion)
+        calls[0] = 0
+        metrics = TorchTrainer(setup.trainer, setup.loss).train_step(TrainBatch([sample]))
+        out[f"{name}_calls"], out[f"{name}_loss"] = calls[0], metrics["loss"]
+    return out
+
+
 def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
     return float(((value.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max())
 
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    print(json.dumps(globals()[sys.argv[1]]()))
+    print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])))

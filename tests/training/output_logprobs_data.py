@@ -40,13 +40,15 @@ def grads(fn, hidden, weight, targets, coef_lp, coef_ent, use_entropy=True):
     return lp.detach(), ent.detach(), gh, gw
 
 
-def vocab_parallel_grads(vocab: int, chunk: int) -> tuple[torch.Tensor, ...]:
+def vocab_parallel_grads(
+    vocab: int, chunk: int, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, ...]:
     """On each rank of the default group: logprobs, entropy and gradients through this
-    rank's vocab shard of the output layer (float64)."""
+    rank's vocab shard of the output layer (float64 unless ``dtype``)."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    hidden, weight, targets, coef_lp, coef_ent = inputs(v=vocab, seed=4, dtype=torch.float64)
+    hidden, weight, targets, coef_lp, coef_ent = inputs(v=vocab, seed=4, dtype=dtype)
     shard = vocab // world
     local = weight.detach()[rank * shard : (rank + 1) * shard].clone().requires_grad_()
     lp, ent = token_logprobs_and_entropy(

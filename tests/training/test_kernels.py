@@ -19,10 +19,14 @@ triton = pytest.importorskip("triton")
 HELPER = Path(__file__).with_name("kernels_interpreted.py")
 
 
-def _interpreted(check: str) -> dict[str, float]:
+def _interpreted(check: str, *args: str) -> dict[str, float]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, str(HELPER), check], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, str(HELPER), check, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -105,6 +109,51 @@ def test_adamw_kernel_compiles_for_the_h200_with_vector_loads():
             vectors[(aligned, write_model, dtype)] = compiled.asm["ptx"].count(".v4.")
     assert all(vectors[(True, *rest)] >= 16 for rest in ((True, 0), (True, 1), (False, 0)))
     assert all(vectors[(False, *rest)] == 0 for rest in ((True, 0), (True, 1), (False, 0)))
+
+
+def test_output_softmax_kernels_equal_the_unfused_math():
+    d = _interpreted("output_softmax_cases")
+    # Every chunk of every fused call ran the kernels, forward: 6 cases x 5 chunks of 8 rows,
+    # 8 chunks of 5, 10 of 4, 2 (the scored rows), 4 (bf16); backward the same but the
+    # scored-rows call, which takes no gradient.
+    assert (d.pop("stats_calls"), d.pop("grad_calls")) == (54, 52)
+    assert d.pop("rows_zero_elsewhere") == 0.0  # unscored rows stay exactly 0
+    for key, value in d.items():
+        if key.startswith("bf16") and key[-2:] in ("gh", "gw"):
+            # The logits' gradient is rounded once to bf16 on both paths (the interpreter
+            # truncates, torch rounds): they may land one bf16 step apart.
+            assert value < 1e-2, (key, value)
+        else:
+            assert value < 2e-6, (key, value)  # relative to the largest value, vs float64
+
+
+def test_the_output_softmax_flag_reaches_the_trainer(tiny_llama, tmp_path):
+    d = _interpreted("output_softmax_flag_cases", str(tiny_llama), str(tmp_path))
+    assert (d["on_config"], d["off_config"]) == (1.0, 0.0)
+    assert d["on_calls"] >= 1 and d["off_calls"] == 0
+    assert abs(d["on_loss"] - d["off_loss"]) < 1e-5, d
+
+
+def test_output_softmax_kernels_compile_for_the_h200_with_vector_loads():
+    """Both kernels as CUDA compiles them for sm_90: whole vocab tiles of bf16 logits move
+    with 16-byte vector loads (and stores, backward) when the rows start on 16 bytes (Qwen3's
+    151,936-entry rows do)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vime.training.kernels.output_softmax import BLOCK, _backward_kernel, _forward_kernel
+
+    head = {"logits": "*bf16", "row_stride": "i32", "targets": "*i64"}
+    forward = {**head, "stats": "*fp32", "rows": "i32", "vocab": "i32", "vocab_start": "i32",
+               "inv_temp": "fp32", "BLOCK": "constexpr"}  # fmt: skip
+    backward = {**head, "lse": "*fp32", "entropy": "*fp32", "g_lp": "*fp32", "g_ent": "*fp32",
+                "vocab": "i32", "vocab_start": "i32", "inv_temp": "fp32", "BLOCK": "constexpr"}  # fmt: skip
+    aligned = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    for fn, signature, stores in ((_forward_kernel, forward, 0), (_backward_kernel, backward, 2)):
+        src = ASTSource(fn=fn, signature=signature, constexprs={"BLOCK": BLOCK}, attrs=aligned)
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        assert ptx.count("ld.global.v4") >= 2, fn.__name__
+        assert ptx.count("st.global.v4") >= stores, fn.__name__
 
 
 def test_adamw_falls_back_to_the_same_math_and_refuses_bad_input():

@@ -61,6 +61,12 @@ class TrainerConfig:
         "over the whole packed micro-batch through a block-causal mask",
     )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
+    output_softmax_fusion: bool = option(
+        True,
+        help="the output layer's softmax, sampled-token logprob and entropy as Triton kernels "
+        "where they run (CUDA): each chunk of logits is read once forward and once backward; "
+        "--no-output-softmax-fusion uses torch's ops (same math, summed in another order)",
+    )
     rollout_temperature: float = option(
         1.0, help="sampling temperature of the rollouts; logits are divided by it"
     )

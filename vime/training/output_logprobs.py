@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vime.training.kernels import output_softmax
+
 DEFAULT_CHUNK_TOKENS = 1024
 
 
@@ -28,6 +30,7 @@ def token_logprobs_and_entropy(
     group: Any = None,
     vocab_start: int = 0,
     rows: Tensor | None = None,
+    fused: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """``log softmax(hidden @ weight.T / temperature)[t, targets[t]]`` and the entropy of that
     softmax at each position ``t``, both ``[T]`` in float32 (float64 for float64 inputs).
@@ -41,6 +44,10 @@ def token_logprobs_and_entropy(
     the matmuls run in that dtype (autocast off), softmax and reductions in float32. Both
     outputs are differentiable with respect to ``hidden`` and ``weight``; an output that no
     loss uses costs no backward work.
+
+    ``fused``: the softmax work runs in Triton kernels where they run (CUDA, or Triton's
+    interpreter; vime.training.kernels.output_softmax), reading each logits chunk once forward
+    and once backward; torch's ops otherwise. Same math, summed in another order.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -84,11 +91,19 @@ def token_logprobs_and_entropy(
             int(chunk_tokens),
             group,
             int(vocab_start),
+            bool(fused),
         )
         full = hidden.new_zeros(hidden.shape[0], dtype=lp.dtype)
         return full.index_put((rows,), lp), full.index_put((rows,), ent)
     return _ChunkedOutputLogprobs.apply(
-        hidden, weight, targets, float(temperature), int(chunk_tokens), group, int(vocab_start)
+        hidden,
+        weight,
+        targets,
+        float(temperature),
+        int(chunk_tokens),
+        group,
+        int(vocab_start),
+        bool(fused),
     )
 
 
@@ -108,13 +123,24 @@ def _scaled_logits(h: Tensor, weight: Tensor, temperature: float) -> Tensor:
 
 
 def _chunk_stats(
-    h: Tensor, weight: Tensor, targets: Tensor, temperature: float, group: Any, vocab_start: int
+    h: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    temperature: float,
+    group: Any,
+    vocab_start: int,
+    fused: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """A chunk's log-sum-exp over the whole vocabulary, its target's logprob and its entropy.
 
     One pass of ``exp`` over the chunk's logits: with ``s = z - max`` and ``e = exp(s)``,
     ``log p_y = s_y - log sum e`` and ``H = log sum e - (e . s) / sum e``.
     """
+    if fused:
+        z = h @ weight.t()
+        return output_softmax.combine(
+            *output_softmax.row_stats(z, targets, temperature, vocab_start), group
+        )
     s = _scaled_logits(h, weight, temperature)
     m = _all_reduce(s.amax(dim=-1), group, "max")
     s.sub_(m[:, None])
@@ -141,9 +167,13 @@ class _ChunkedOutputLogprobs(torch.autograd.Function):
         chunk: int,
         group: Any,
         vocab_start: int,
+        fused: bool,
     ) -> tuple[Tensor, Tensor]:
+        fused = fused and output_softmax.available(hidden)
         with torch.autocast(hidden.device.type, enabled=False):
-            return _forward(ctx, hidden, weight, targets, temperature, chunk, group, vocab_start)
+            return _forward(
+                ctx, hidden, weight, targets, temperature, chunk, group, vocab_start, fused
+            )
 
     @staticmethod
     def backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> Any:
@@ -160,6 +190,7 @@ def _forward(
     chunk: int,
     group: Any,
     vocab_start: int,
+    fused: bool,
 ) -> tuple[Tensor, Tensor]:
     n = hidden.shape[0]
     dtype = torch.promote_types(hidden.dtype, torch.float32)
@@ -169,11 +200,11 @@ def _forward(
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
         lse, logprobs[a:b], entropy[a:b] = _chunk_stats(
-            hidden[a:b], weight, targets[a:b], temperature, group, vocab_start
+            hidden[a:b], weight, targets[a:b], temperature, group, vocab_start, fused
         )
         lse_all[a:b] = lse
     ctx.save_for_backward(hidden, weight, targets, lse_all, entropy)
-    ctx.settings = (temperature, chunk, group, vocab_start)
+    ctx.settings = (temperature, chunk, group, vocab_start, fused)
     ctx.set_materialize_grads(False)
     ctx.device_type = hidden.device.type
     return logprobs, entropy
@@ -181,8 +212,8 @@ def _forward(
 
 def _backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | None) -> Any:
     hidden, weight, targets, lse_all, entropy = ctx.saved_tensors
-    temperature, chunk, group, vocab_start = ctx.settings
-    none = (None,) * 5
+    temperature, chunk, group, vocab_start, fused = ctx.settings
+    none = (None,) * 6
     if grad_logprobs is None and grad_entropy is None:
         return (None, None, *none)
     grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
@@ -191,33 +222,27 @@ def _backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | Non
         if ctx.needs_input_grad[1]
         else None
     )
-    vocab = weight.shape[0]
     for a in range(0, hidden.shape[0], chunk):
         b = min(a + chunk, hidden.shape[0])
         h = hidden[a:b]
-        # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H). Built in place in the
-        # logits' buffer: log p, then (with an entropy gradient) its factor, then p times it.
-        logp = _scaled_logits(h, weight, temperature).sub_(lse_all[a:b, None])
-        factor = torch.zeros(logp.shape[0], dtype=logp.dtype, device=logp.device)
-        if grad_logprobs is not None:
-            factor -= grad_logprobs[a:b].to(logp.dtype)
-        if grad_entropy is not None:
-            g = grad_entropy[a:b].to(logp.dtype)
-            grad_z = logp.add(entropy[a:b, None]).mul_(-g[:, None]).add_(factor[:, None])
-            grad_z.mul_(logp.exp_())
-        else:
-            grad_z = logp.exp_().mul_(factor[:, None])
-        if grad_logprobs is not None:
-            g = grad_logprobs[a:b].to(grad_z.dtype)
-            local = targets[a:b] - vocab_start
-            inside = (local >= 0) & (local < vocab)
-            # Rows whose target is in another vocab shard add 0; no host read of which.
-            grad_z.scatter_add_(
-                1, local.clamp(0, vocab - 1)[:, None], torch.where(inside, g, 0.0)[:, None]
+        if fused:
+            grad_z = output_softmax.logits_grad_(
+                h @ weight.t(),
+                targets[a:b],
+                lse_all[a:b],
+                entropy[a:b],
+                None if grad_logprobs is None else grad_logprobs[a:b],
+                None if grad_entropy is None else grad_entropy[a:b],
+                temperature,
+                vocab_start,
             )
-        if temperature != 1.0:
-            grad_z = grad_z / temperature
-        grad_z = grad_z.to(weight.dtype)
+        else:
+            grad_z = _logits_grad(
+                h, weight, targets[a:b], lse_all[a:b], entropy[a:b],
+                None if grad_logprobs is None else grad_logprobs[a:b],
+                None if grad_entropy is None else grad_entropy[a:b],
+                temperature, vocab_start,
+            )  # fmt: skip
         if grad_hidden is not None:
             grad_hidden[a:b] = grad_z @ weight
         if grad_weight is not None:
@@ -228,3 +253,41 @@ def _backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | Non
     if grad_weight is not None:
         grad_weight = grad_weight.to(weight.dtype)
     return (grad_hidden, grad_weight, *none)
+
+
+def _logits_grad(
+    h: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_logprobs: Tensor | None,
+    grad_entropy: Tensor | None,
+    temperature: float,
+    vocab_start: int,
+) -> Tensor:
+    """A chunk's logits gradient with torch's ops, in the weight's dtype."""
+    vocab = weight.shape[0]
+    # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H). Built in place in the
+    # logits' buffer: log p, then (with an entropy gradient) its factor, then p times it.
+    logp = _scaled_logits(h, weight, temperature).sub_(lse[:, None])
+    factor = torch.zeros(logp.shape[0], dtype=logp.dtype, device=logp.device)
+    if grad_logprobs is not None:
+        factor -= grad_logprobs.to(logp.dtype)
+    if grad_entropy is not None:
+        g = grad_entropy.to(logp.dtype)
+        grad_z = logp.add(entropy[:, None]).mul_(-g[:, None]).add_(factor[:, None])
+        grad_z.mul_(logp.exp_())
+    else:
+        grad_z = logp.exp_().mul_(factor[:, None])
+    if grad_logprobs is not None:
+        g = grad_logprobs.to(grad_z.dtype)
+        local = targets - vocab_start
+        inside = (local >= 0) & (local < vocab)
+        # Rows whose target is in another vocab shard add 0; no host read of which.
+        grad_z.scatter_add_(
+            1, local.clamp(0, vocab - 1)[:, None], torch.where(inside, g, 0.0)[:, None]
+        )
+    if temperature != 1.0:
+        grad_z = grad_z / temperature
+    return grad_z.to(weight.dtype)

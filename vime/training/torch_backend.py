@@ -138,6 +138,7 @@ class TorchTrainer(Trainer):
                     targets,
                     temperature=temperature,
                     rows=rows,
+                    fused=self.config.output_softmax_fusion,
                 )
             else:  # an adapted output layer (LoRA on lm_head): its own logits
                 from vime.algorithms.kl import entropy_from_logits

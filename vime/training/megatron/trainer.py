@@ -300,6 +300,7 @@ class MegatronTrainer(Trainer):
             rows=None
             if inputs.scored_rows is None
             else host_to_device(inputs.scored_rows, self.device),
+            fused=self.config.output_softmax_fusion,
         )
 
     # ---- the MoE auxiliary loss ------------------------------------------------------------
