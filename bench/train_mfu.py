@@ -133,6 +133,7 @@ def build_trainer(
     seq_len: int,
     extra: list[str],
     attn: str = "packed_sdpa",
+    output_softmax_fusion: bool = True,
 ) -> Any:
     """A random-weight trainer of ``backend`` (or the ``plain`` baseline) for ``model``."""
     import torch
@@ -151,6 +152,7 @@ def build_trainer(
         max_tokens_per_micro_batch=seq_len,
         dtype="bfloat16",
         attn_implementation=attn,
+        output_softmax_fusion=output_softmax_fusion,
     )
     if backend == "megatron":
         from vime.training.megatron.trainer import MegatronTrainer
@@ -211,6 +213,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             args.seq_len * args.pack,
             args.megatron_args.split(),
             args.attn,
+            not args.no_output_softmax,
         )
     batch = make_batch(args.samples, args.seq_len, arch.vocab_size)
     with attention_backends(args.sdpa):
@@ -382,8 +385,10 @@ def main() -> None:
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
         "cuDNN attention first; packN: N sequences per micro-batch; masked: the torch backend "
         "with transformers' block-masked sdpa instead of packed_sdpa; unfused: megatron without "
-        "its SwiGLU, RoPE, weight-gradient accumulation and RMSNorm fusions, which are on by "
-        "default on CUDA; no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm); "
+        "its SwiGLU, RoPE, weight-gradient accumulation, RMSNorm and optimizer fusions, which "
+        "are on by default on CUDA, and either backend without the output softmax kernels; "
+        "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
+        "no-output-softmax); "
         "export: time export_weights; profile: print a kernel profile of one step and the GPU's idle "
         "gaps; cprofile: print where the host's time goes over three steps)",
     )
@@ -400,6 +405,7 @@ def main() -> None:
     p.add_argument("--attn", default="packed_sdpa", help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-output-softmax", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--backend", help=argparse.SUPPRESS)
@@ -418,8 +424,12 @@ def main() -> None:
             for flag in ("seq_len", "samples", "warmup", "steps"):
                 cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
             fused = UNFUSED if "unfused" in opts else ""
-            fused += "".join(f" --{o}-fusion" for o in opts if o.startswith("no-"))
+            # no-output-softmax is a trainer option of both backends; the rest Megatron flags.
+            trainer_off = "unfused" in opts or "no-output-softmax" in opts
+            megatron_off = [o for o in opts if o.startswith("no-") and o != "no-output-softmax"]
+            fused += "".join(f" --{o}-fusion" for o in megatron_off)
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
+            cmd += ["--no-output-softmax"] if trainer_off else []
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
             packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
             cmd += [f"--pack={packs[0]}"] if packs else []
