@@ -328,6 +328,67 @@ def output_softmax_flag_cases(model: str, tmp: str) -> dict[str, float]:
     return out
 
 
+def hf_rms_norm_cases(tmp: str) -> dict[str, float]:
+    """The torch trainer with and without --no-hf-rms-norm-fusion on tiny Llama, Qwen2 and
+    Qwen3 models (fp32): logprobs, one train step's loss, grad norm and every parameter's
+    gradient; and how many norms took the kernels (a forward call each)."""
+    from vime.models.tiny import build_tiny_model
+    from vime.training.base import TrainerConfig
+    from vime.training.batch import TrainBatch, TrainSample
+    from vime.training.kernels import rms_norm
+    from vime.training.torch_backend import TorchTrainer
+
+    calls = [0]
+    apply = rms_norm._RMSNorm.apply
+
+    def counted(*a):
+        calls[0] += 1
+        return apply(*a)
+
+    rms_norm._RMSNorm.apply = counted
+    mask = [0, 0, 0] + [1] * 7
+    batch = TrainBatch([
+        TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30, 11, 2], loss_mask=mask,
+                    advantages=[0.5 * m for m in mask], rollout_logprobs=[-2.0 * m for m in mask]),
+        TrainSample(token_ids=[7, 1, 60, 14, 23, 4], loss_mask=[0, 0, 1, 1, 1, 1],
+                    advantages=[0, 0, -1.0, -1.0, -1.0, -1.0], rollout_logprobs=[0, 0, -1, -1, -1, -1]),
+    ])  # fmt: skip
+    out: dict[str, float] = {}
+    for family in ("llama", "qwen2", "qwen3"):
+        folder = build_tiny_model(os.path.join(tmp, family), family=family, seed=1)
+        runs = {}
+        for on in (True, False):
+            config = TrainerConfig(hf_checkpoint=str(folder), lr=1e-2, seed=3, dtype="float32",
+                                   hf_rms_norm_fusion=on)  # fmt: skip
+            calls[0] = 0
+            trainer = TorchTrainer(config)
+            before = trainer.compute_logprobs(batch)
+            grads: dict[str, torch.Tensor] = {}
+            step = trainer._optimizer_step
+
+            def snapshot(trainer=trainer, grads=grads, step=step):
+                named = trainer.model.named_parameters()
+                grads.update({n: p.grad.clone() for n, p in named if p.grad is not None})
+                return step()
+
+            trainer._optimizer_step = snapshot
+            metrics = trainer.train_step(batch)
+            runs[on] = (before, metrics, grads, calls[0])
+        (lp, m, w, n_on), (lp0, m0, w0, n_off) = runs[True], runs[False]
+        out[f"{family}_calls_on"], out[f"{family}_calls_off"] = n_on, n_off
+        out[f"{family}_logprobs"] = max(
+            float((a - b).abs().max()) for a, b in zip(lp, lp0, strict=True)
+        )
+        out[f"{family}_loss"] = abs(m["loss"] - m0["loss"])
+        out[f"{family}_grad_norm_rel"] = abs(m["grad_norm"] - m0["grad_norm"]) / m0["grad_norm"]
+        out[f"{family}_grads_rel"] = max(
+            float((w[k] - w0[k]).abs().max() / w0[k].abs().max()) for k in w0
+        )
+        norms = [k for k in w0 if "norm" in k]  # the norms' own weights get their gradient
+        out[f"{family}_norm_grads"] = min(float(w0[k].abs().max()) for k in norms)
+    return out
+
+
 def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
     return float(((value.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max())
 

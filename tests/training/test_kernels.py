@@ -134,6 +134,34 @@ def test_the_output_softmax_flag_reaches_the_trainer(tiny_llama, tmp_path):
     assert abs(d["on_loss"] - d["off_loss"]) < 1e-5, d
 
 
+def test_hf_rms_norm_fusion_trains_like_transformers_own_norms(tmp_path):
+    d = _interpreted("hf_rms_norm_cases", str(tmp_path))
+    # Every norm of the logprob pass and the train step's forward took the kernel: 2 layers x
+    # (input, post-attention) + the final norm, and Qwen3's query/key norms per layer.
+    norms = {"llama": 5, "qwen2": 5, "qwen3": 9}
+    for family, count in norms.items():
+        assert d[f"{family}_calls_on"] == 2 * count and d[f"{family}_calls_off"] == 0
+        assert d[f"{family}_logprobs"] < 1e-5 and d[f"{family}_loss"] < 1e-6, d
+        assert d[f"{family}_grad_norm_rel"] < 1e-5, d
+        assert d[f"{family}_grads_rel"] < 2e-5, d  # every parameter's gradient
+        assert d[f"{family}_norm_grads"] > 1e-3, d  # the norm weights get gradient
+
+
+def test_the_hf_rms_norm_flag_reaches_the_torch_trainers_modules(tiny_llama, tmp_path):
+    from vime.cli.main import parse_args
+    from vime.cli.train_cmd import build_setup
+    from vime.training.torch_backend import TorchTrainer
+
+    routed = {}
+    for extra in ([], ["--no-hf-rms-norm-fusion"]):
+        argv = ["train", "--model", str(tiny_llama), "--env", "vime/Math-v0"]
+        setup = build_setup(parse_args([*argv, "--output-dir", str(tmp_path), *extra]))
+        model = TorchTrainer(setup.trainer, setup.loss).model
+        norms = [m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
+        routed[bool(extra)] = sum(hasattr(m, "_vime_forward") for m in norms), len(norms)
+    assert routed == {False: (5, 5), True: (0, 5)}
+
+
 def test_output_softmax_kernels_compile_for_the_h200_with_vector_loads():
     """Both kernels as CUDA compiles them for sm_90: whole vocab tiles of bf16 logits move
     with 16-byte vector loads (and stores, backward) when the rows start on 16 bytes (Qwen3's

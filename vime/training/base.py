@@ -61,6 +61,12 @@ class TrainerConfig:
         "over the whole packed micro-batch through a block-causal mask",
     )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
+    hf_rms_norm_fusion: bool = option(
+        True,
+        help="torch backend: the transformers model's RMSNorm modules (Llama, Qwen2, Qwen3, "
+        "Qwen3-MoE, Mistral) run vime's Triton RMSNorm kernels where Triton runs (CUDA), one "
+        "kernel each way instead of transformers' float32 elementwise ops (same math)",
+    )
     output_softmax_fusion: bool = option(
         True,
         help="the output layer's softmax, sampled-token logprob and entropy as Triton kernels "

@@ -79,6 +79,10 @@ class TorchTrainer(Trainer):
 
             targets = [t for t in self.config.lora_target_modules.split(",") if t]
             apply_lora(model, self.config.lora_rank, self.config.lora_alpha, targets)
+        if self.config.hf_rms_norm_fusion:
+            from vime.training import hf_kernels
+
+            hf_kernels.install(model)
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
