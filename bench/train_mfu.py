@@ -41,6 +41,13 @@ UNFUSED = (
 )
 
 
+# Variant names of the trainer's own fusion options (TrainerConfig fields).
+TRAINER_FUSIONS = {
+    "no-output-softmax": "output_softmax_fusion",
+    "no-hf-rms-norm": "hf_rms_norm_fusion",
+}
+
+
 def matmul_tflops(n: int = 8192, iters: int = 10) -> float:
     """Dense bf16 ``n x n x n`` matmul rate on random data (mean of ``iters`` after warm-up)."""
     import torch
@@ -133,7 +140,7 @@ def build_trainer(
     seq_len: int,
     extra: list[str],
     attn: str = "packed_sdpa",
-    output_softmax_fusion: bool = True,
+    trainer_off: tuple[str, ...] = (),
 ) -> Any:
     """A random-weight trainer of ``backend`` (or the ``plain`` baseline) for ``model``."""
     import torch
@@ -152,7 +159,7 @@ def build_trainer(
         max_tokens_per_micro_batch=seq_len,
         dtype="bfloat16",
         attn_implementation=attn,
-        output_softmax_fusion=output_softmax_fusion,
+        **dict.fromkeys(trainer_off, False),
     )
     if backend == "megatron":
         from vime.training.megatron.trainer import MegatronTrainer
@@ -213,7 +220,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             args.seq_len * args.pack,
             args.megatron_args.split(),
             args.attn,
-            not args.no_output_softmax,
+            tuple(x for x in args.trainer_off.split(",") if x),
         )
     batch = make_batch(args.samples, args.seq_len, arch.vocab_size)
     with attention_backends(args.sdpa):
@@ -388,7 +395,7 @@ def main() -> None:
         "its SwiGLU, RoPE, weight-gradient accumulation, RMSNorm and optimizer fusions, which "
         "are on by default on CUDA, and either backend without the output softmax kernels; "
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
-        "no-output-softmax); "
+        "no-output-softmax, no-hf-rms-norm for the torch backend's norms); "
         "export: time export_weights; profile: print a kernel profile of one step and the GPU's idle "
         "gaps; cprofile: print where the host's time goes over three steps)",
     )
@@ -405,7 +412,7 @@ def main() -> None:
     p.add_argument("--attn", default="packed_sdpa", help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--no-output-softmax", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--trainer-off", default="", help=argparse.SUPPRESS)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--backend", help=argparse.SUPPRESS)
@@ -424,12 +431,14 @@ def main() -> None:
             for flag in ("seq_len", "samples", "warmup", "steps"):
                 cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
             fused = UNFUSED if "unfused" in opts else ""
-            # no-output-softmax is a trainer option of both backends; the rest Megatron flags.
-            trainer_off = "unfused" in opts or "no-output-softmax" in opts
-            megatron_off = [o for o in opts if o.startswith("no-") and o != "no-output-softmax"]
-            fused += "".join(f" --{o}-fusion" for o in megatron_off)
+            # Trainer options (both backends) go to the config; the other no-NAMEs are Megatron
+            # flags (--no-NAME-fusion).
+            off = [o for o in opts if o.startswith("no-")]
+            trainer_off = [TRAINER_FUSIONS[o] for o in off if o in TRAINER_FUSIONS]
+            trainer_off += list(TRAINER_FUSIONS.values()) if "unfused" in opts else []
+            fused += "".join(f" --{o}-fusion" for o in off if o not in TRAINER_FUSIONS)
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
-            cmd += ["--no-output-softmax"] if trainer_off else []
+            cmd += [f"--trainer-off={','.join(sorted(set(trainer_off)))}"]
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
             packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
             cmd += [f"--pack={packs[0]}"] if packs else []
