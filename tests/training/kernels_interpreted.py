@@ -138,6 +138,27 @@ def swiglu_cases() -> dict[str, float]:
         refb.backward(gb.double())
         out[f"{name}_bf16_out_rel"] = _relative(swiglu(yb), refb.detach())
         out[f"{name}_bf16_grad_rel"] = _relative(swiglu_back(gb, yb), yb64.grad)
+    # Two tensors (transformers' gate and up projections), an odd count of elements.
+    from vime.training.kernels.swiglu import silu_mul
+
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = (torch.randn(3, 7, 1500, generator=g).mul(3).to(dtype) for _ in range(2))
+        grad = torch.randn(3, 7, 1500, generator=g).to(dtype)
+        a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
+        y = silu_mul(a_, b_)
+        y.backward(grad)
+        a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
+        ref = F.silu(a64) * b64
+        ref.backward(grad.double())
+        tag = "pair_fp32" if dtype == torch.float32 else "pair_bf16"
+        fn = (
+            (lambda x, r: float((x.double() - r).abs().max()))
+            if dtype == torch.float32
+            else _relative
+        )
+        out[f"{tag}_out"] = fn(y.detach(), ref.detach())
+        out[f"{tag}_grad_a"] = fn(a_.grad, a64.grad)
+        out[f"{tag}_grad_b"] = fn(b_.grad, b64.grad)
     return out
 
 
@@ -328,24 +349,29 @@ def output_softmax_flag_cases(model: str, tmp: str) -> dict[str, float]:
     return out
 
 
-def hf_rms_norm_cases(tmp: str) -> dict[str, float]:
-    """The torch trainer with and without --no-hf-rms-norm-fusion on tiny Llama, Qwen2 and
-    Qwen3 models (fp32): logprobs, one train step's loss, grad norm and every parameter's
-    gradient; and how many norms took the kernels (a forward call each)."""
+def hf_module_cases(tmp: str) -> dict[str, float]:
+    """The torch trainer on tiny Llama, Qwen2 and Qwen3 models (fp32) with each of
+    --hf-rms-norm-fusion and --hf-swiglu-fusion alone, against both off: logprobs, one train
+    step's loss, grad norm and every parameter's gradient; and how many calls took the
+    kernels (a forward call each)."""
     from vime.models.tiny import build_tiny_model
     from vime.training.base import TrainerConfig
     from vime.training.batch import TrainBatch, TrainSample
-    from vime.training.kernels import rms_norm
+    from vime.training.kernels import rms_norm, swiglu
     from vime.training.torch_backend import TorchTrainer
 
-    calls = [0]
-    apply = rms_norm._RMSNorm.apply
+    calls = {"rms_norm": 0, "swiglu": 0}
+    norm_apply, mlp_apply = rms_norm._RMSNorm.apply, swiglu._SiluMul.apply
 
-    def counted(*a):
-        calls[0] += 1
-        return apply(*a)
+    def counted(key, fn):
+        def call(*a):
+            calls[key] += 1
+            return fn(*a)
 
-    rms_norm._RMSNorm.apply = counted
+        return call
+
+    rms_norm._RMSNorm.apply = counted("rms_norm", norm_apply)
+    swiglu._SiluMul.apply = counted("swiglu", mlp_apply)
     mask = [0, 0, 0] + [1] * 7
     batch = TrainBatch([
         TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30, 11, 2], loss_mask=mask,
@@ -357,10 +383,10 @@ def hf_rms_norm_cases(tmp: str) -> dict[str, float]:
     for family in ("llama", "qwen2", "qwen3"):
         folder = build_tiny_model(os.path.join(tmp, family), family=family, seed=1)
         runs = {}
-        for on in (True, False):
+        for name, norm, mlp in (("off", False, False), ("norm", True, False), ("mlp", False, True)):
             config = TrainerConfig(hf_checkpoint=str(folder), lr=1e-2, seed=3, dtype="float32",
-                                   hf_rms_norm_fusion=on)  # fmt: skip
-            calls[0] = 0
+                                   hf_rms_norm_fusion=norm, hf_swiglu_fusion=mlp)  # fmt: skip
+            calls.update(rms_norm=0, swiglu=0)
             trainer = TorchTrainer(config)
             before = trainer.compute_logprobs(batch)
             grads: dict[str, torch.Tensor] = {}
@@ -373,19 +399,22 @@ def hf_rms_norm_cases(tmp: str) -> dict[str, float]:
 
             trainer._optimizer_step = snapshot
             metrics = trainer.train_step(batch)
-            runs[on] = (before, metrics, grads, calls[0])
-        (lp, m, w, n_on), (lp0, m0, w0, n_off) = runs[True], runs[False]
-        out[f"{family}_calls_on"], out[f"{family}_calls_off"] = n_on, n_off
-        out[f"{family}_logprobs"] = max(
-            float((a - b).abs().max()) for a, b in zip(lp, lp0, strict=True)
-        )
-        out[f"{family}_loss"] = abs(m["loss"] - m0["loss"])
-        out[f"{family}_grad_norm_rel"] = abs(m["grad_norm"] - m0["grad_norm"]) / m0["grad_norm"]
-        out[f"{family}_grads_rel"] = max(
-            float((w[k] - w0[k]).abs().max() / w0[k].abs().max()) for k in w0
-        )
-        norms = [k for k in w0 if "norm" in k]  # the norms' own weights get their gradient
-        out[f"{family}_norm_grads"] = min(float(w0[k].abs().max()) for k in norms)
+            runs[name] = (before, metrics, grads, dict(calls))
+        lp0, m0, g0, c0 = runs["off"]
+        out[f"{family}_off_calls"] = c0["rms_norm"] + c0["swiglu"]
+        for name in ("norm", "mlp"):
+            lp, m, g, c = runs[name]
+            key = f"{family}_{name}"
+            out[f"{key}_calls"] = c["rms_norm" if name == "norm" else "swiglu"]
+            out[f"{key}_other_calls"] = c["swiglu" if name == "norm" else "rms_norm"]
+            out[f"{key}_logprobs"] = max(
+                float((a - b).abs().max()) for a, b in zip(lp, lp0, strict=True)
+            )
+            out[f"{key}_loss"] = abs(m["loss"] - m0["loss"])
+            out[f"{key}_grad_norm_rel"] = abs(m["grad_norm"] - m0["grad_norm"]) / m0["grad_norm"]
+            out[f"{key}_grads_rel"] = max(
+                float((g[k] - g0[k]).abs().max() / g0[k].abs().max()) for k in g0
+            )
     return out
 
 

@@ -58,6 +58,9 @@ def test_rope_kernel_equals_the_unfused_math():
 
 def test_swiglu_kernels_equal_the_unfused_math():
     d = _interpreted("swiglu_cases")
+    assert {k for k in d if k.startswith("pair_")} == {
+        f"pair_{t}_{x}" for t in ("fp32", "bf16") for x in ("out", "grad_a", "grad_b")
+    }
     for key, value in d.items():
         if "fp32" in key:
             assert value < 2e-5, (key, value)
@@ -134,32 +137,43 @@ def test_the_output_softmax_flag_reaches_the_trainer(tiny_llama, tmp_path):
     assert abs(d["on_loss"] - d["off_loss"]) < 1e-5, d
 
 
-def test_hf_rms_norm_fusion_trains_like_transformers_own_norms(tmp_path):
-    d = _interpreted("hf_rms_norm_cases", str(tmp_path))
-    # Every norm of the logprob pass and the train step's forward took the kernel: 2 layers x
-    # (input, post-attention) + the final norm, and Qwen3's query/key norms per layer.
+def test_hf_module_fusions_train_like_transformers_own_modules(tmp_path):
+    d = _interpreted("hf_module_cases", str(tmp_path))
+    # Per forward (the logprob pass and the train step's), every norm took the kernel: 2
+    # layers x (input, post-attention) + the final one, and Qwen3's query/key norms; and every
+    # MLP (2 layers).
     norms = {"llama": 5, "qwen2": 5, "qwen3": 9}
     for family, count in norms.items():
-        assert d[f"{family}_calls_on"] == 2 * count and d[f"{family}_calls_off"] == 0
-        assert d[f"{family}_logprobs"] < 1e-5 and d[f"{family}_loss"] < 1e-6, d
-        assert d[f"{family}_grad_norm_rel"] < 1e-5, d
-        assert d[f"{family}_grads_rel"] < 2e-5, d  # every parameter's gradient
-        assert d[f"{family}_norm_grads"] > 1e-3, d  # the norm weights get gradient
+        assert d[f"{family}_off_calls"] == 0
+        assert (d[f"{family}_norm_calls"], d[f"{family}_norm_other_calls"]) == (2 * count, 0)
+        assert (d[f"{family}_mlp_calls"], d[f"{family}_mlp_other_calls"]) == (2 * 2, 0)
+        for name in ("norm", "mlp"):
+            key = f"{family}_{name}"
+            assert d[f"{key}_logprobs"] < 1e-5 and d[f"{key}_loss"] < 1e-6, (key, d)
+            assert d[f"{key}_grad_norm_rel"] < 1e-5, (key, d)
+            assert d[f"{key}_grads_rel"] < 2e-5, (key, d)  # every parameter's gradient
 
 
-def test_the_hf_rms_norm_flag_reaches_the_torch_trainers_modules(tiny_llama, tmp_path):
+def test_the_hf_fusion_flags_reach_the_torch_trainers_modules(tiny_llama, tmp_path):
     from vime.cli.main import parse_args
     from vime.cli.train_cmd import build_setup
     from vime.training.torch_backend import TorchTrainer
 
     routed = {}
-    for extra in ([], ["--no-hf-rms-norm-fusion"]):
+    for extra in ([], ["--no-hf-rms-norm-fusion"], ["--no-hf-swiglu-fusion"]):
         argv = ["train", "--model", str(tiny_llama), "--env", "vime/Math-v0"]
         setup = build_setup(parse_args([*argv, "--output-dir", str(tmp_path), *extra]))
         model = TorchTrainer(setup.trainer, setup.loss).model
-        norms = [m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
-        routed[bool(extra)] = sum(hasattr(m, "_vime_forward") for m in norms), len(norms)
-    assert routed == {False: (5, 5), True: (0, 5)}
+        kinds = ("LlamaRMSNorm", "LlamaMLP")
+        routed[" ".join(extra)] = tuple(
+            sum(hasattr(m, "_vime_forward") for m in model.modules() if type(m).__name__ == k)
+            for k in kinds
+        )
+    assert routed == {
+        "": (5, 2),
+        "--no-hf-rms-norm-fusion": (0, 2),
+        "--no-hf-swiglu-fusion": (5, 0),
+    }
 
 
 def test_output_softmax_kernels_compile_for_the_h200_with_vector_loads():

@@ -67,6 +67,12 @@ class TrainerConfig:
         "Qwen3-MoE, Mistral) run vime's Triton RMSNorm kernels where Triton runs (CUDA), one "
         "kernel each way instead of transformers' float32 elementwise ops (same math)",
     )
+    hf_swiglu_fusion: bool = option(
+        True,
+        help="torch backend: the transformers model's SiLU-gated MLPs (Llama, Qwen2, Qwen3, "
+        "Qwen3-MoE, Mistral) compute silu(gate) * up in one Triton kernel each way where Triton "
+        "runs (CUDA), keeping only the two projections for backward (same math)",
+    )
     output_softmax_fusion: bool = option(
         True,
         help="the output layer's softmax, sampled-token logprob and entropy as Triton kernels "

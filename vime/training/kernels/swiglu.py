@@ -63,6 +63,77 @@ def dispatching(
     return call
 
 
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` for two tensors of one shape and dtype (transformers' gated MLP keeps
+    the gate and up projections apart): one kernel each way where Triton runs, saving only
+    ``a`` and ``b`` for backward; ``F.silu(a) * b`` elsewhere."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"silu_mul: a and b differ: {a.dtype} {tuple(a.shape)} and "
+                         f"{b.dtype} {tuple(b.shape)}")  # fmt: skip
+    if not (runs_here(a) and _pair_kernel() is not None):
+        return torch.nn.functional.silu(a) * b
+    return _SiluMul.apply(a, b)
+
+
+class _SiluMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a, b = a.contiguous(), b.contiguous()
+        out = torch.empty_like(a)
+        _launch_pair(0, a, b, None, out, None)
+        ctx.save_for_backward(a, b)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        da, db = torch.empty_like(a), torch.empty_like(b)
+        _launch_pair(1, a, b, g.contiguous(), da, db)
+        return da, db
+
+
+def _launch_pair(
+    backward: int,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    g: torch.Tensor | None,
+    out: torch.Tensor,
+    db: torch.Tensor | None,
+) -> None:
+    n = a.numel()
+    grid = ((n + _BLOCK - 1) // _BLOCK,)
+    _pair_kernel()[grid](a, b, g if g is not None else a, out, db if db is not None else out, n,
+                         BACKWARD=backward, BLOCK=_BLOCK)  # fmt: skip
+
+
+@functools.cache
+def _pair_kernel() -> Any:
+    """The two-tensor kernel (forward or backward by a constexpr), or None without Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def kernel(A, B, G, OUT, DB, n, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n
+        a = tl.load(A + offs, mask=ok, other=0.0).to(tl.float32)
+        b = tl.load(B + offs, mask=ok, other=0.0).to(tl.float32)
+        sig = 1.0 / (1.0 + tl.exp(-a))
+        silu = a * sig
+        dt = OUT.dtype.element_ty
+        if BACKWARD:
+            g = tl.load(G + offs, mask=ok, other=0.0).to(tl.float32)
+            tl.store(OUT + offs, (g * b * sig * (1.0 + a * (1.0 - sig))).to(dt), mask=ok)
+            tl.store(DB + offs, (g * silu).to(dt), mask=ok)
+        else:
+            tl.store(OUT + offs, (silu * b).to(dt), mask=ok)
+
+    return kernel
+
+
 @functools.cache
 def _kernels() -> Any:
     """The Triton kernel (forward or backward by a constexpr), or None without Triton."""
