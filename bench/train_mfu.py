@@ -46,6 +46,7 @@ TRAINER_FUSIONS = {
     "no-output-softmax": "output_softmax_fusion",
     "no-hf-rms-norm": "hf_rms_norm_fusion",
     "no-hf-swiglu": "hf_swiglu_fusion",
+    "no-hf-rope": "hf_rope_fusion",
 }
 
 
@@ -396,7 +397,7 @@ def main() -> None:
         "its SwiGLU, RoPE, weight-gradient accumulation, RMSNorm and optimizer fusions, which "
         "are on by default on CUDA, and either backend without the output softmax kernels; "
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
-        "no-output-softmax, no-hf-rms-norm and no-hf-swiglu for the torch backend's modules); "
+        "no-output-softmax, no-hf-rms-norm, no-hf-swiglu and no-hf-rope for the torch backend); "
         "export: time export_weights; profile: print a kernel profile of one step and the GPU's idle "
         "gaps; cprofile: print where the host's time goes over three steps)",
     )

@@ -109,6 +109,26 @@ def rope_cases() -> dict[str, float]:
             out[f"{name}_{pos_name}_y"] = float((y.double() - ref).abs().max())
             out[f"{name}_{pos_name}_dt"] = float((ta.grad.double() - tr.grad).abs().max())
             out[f"{name}_{pos_name}_changed"] = float((ref - t.double()).abs().max())
+    # transformers' form: given cos/sin tables (halves unequal here: the general rotation), the
+    # input a transposed view ([heads, tokens, dim] storage read as [tokens, heads, dim]).
+    from vime.training.kernels.rope import rotate_with_tables
+
+    tokens, heads, dim = 11, 3, 12
+    cos, sin = (torch.randn(tokens, dim, generator=g) for _ in range(2))
+    base = torch.randn(heads, tokens, dim, generator=g)
+    dy = torch.randn(tokens, heads, dim, generator=g)
+    ta = base.clone().requires_grad_()
+    y = rotate_with_tables(ta.transpose(0, 1), cos, sin)
+    (y * dy).sum().backward()
+    tr = base.double().requires_grad_()
+    t64 = tr.transpose(0, 1)
+    half = dim // 2
+    rotated = torch.cat((-t64[..., half:], t64[..., :half]), dim=-1)
+    ref = t64 * cos.double()[:, None] + rotated * sin.double()[:, None]
+    (ref * dy.double()).sum().backward()
+    out["tables_y"] = float((y.double() - ref).abs().max())
+    out["tables_dt"] = float((ta.grad.double() - tr.grad).abs().max())
+    out["tables_changed"] = float((ref - t64).abs().max())
     return out
 
 
@@ -351,17 +371,18 @@ def output_softmax_flag_cases(model: str, tmp: str) -> dict[str, float]:
 
 def hf_module_cases(tmp: str) -> dict[str, float]:
     """The torch trainer on tiny Llama, Qwen2 and Qwen3 models (fp32) with each of
-    --hf-rms-norm-fusion and --hf-swiglu-fusion alone, against both off: logprobs, one train
+    --hf-rms-norm-fusion, --hf-swiglu-fusion and --hf-rope-fusion alone, against all off: logprobs, one train
     step's loss, grad norm and every parameter's gradient; and how many calls took the
     kernels (a forward call each)."""
     from vime.models.tiny import build_tiny_model
     from vime.training.base import TrainerConfig
     from vime.training.batch import TrainBatch, TrainSample
-    from vime.training.kernels import rms_norm, swiglu
+    from vime.training.kernels import rms_norm, rope, swiglu
     from vime.training.torch_backend import TorchTrainer
 
-    calls = {"rms_norm": 0, "swiglu": 0}
+    calls = {"rms_norm": 0, "swiglu": 0, "rope": 0}
     norm_apply, mlp_apply = rms_norm._RMSNorm.apply, swiglu._SiluMul.apply
+    rope_apply = rope._RopeTables.apply
 
     def counted(key, fn):
         def call(*a):
@@ -372,6 +393,7 @@ def hf_module_cases(tmp: str) -> dict[str, float]:
 
     rms_norm._RMSNorm.apply = counted("rms_norm", norm_apply)
     swiglu._SiluMul.apply = counted("swiglu", mlp_apply)
+    rope._RopeTables.apply = counted("rope", rope_apply)
     mask = [0, 0, 0] + [1] * 7
     batch = TrainBatch([
         TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30, 11, 2], loss_mask=mask,
@@ -383,10 +405,16 @@ def hf_module_cases(tmp: str) -> dict[str, float]:
     for family in ("llama", "qwen2", "qwen3"):
         folder = build_tiny_model(os.path.join(tmp, family), family=family, seed=1)
         runs = {}
-        for name, norm, mlp in (("off", False, False), ("norm", True, False), ("mlp", False, True)):
+        for name, norm, mlp, rot in (
+            ("off", False, False, False),
+            ("norm", True, False, False),
+            ("mlp", False, True, False),
+            ("rope", False, False, True),
+        ):
             config = TrainerConfig(hf_checkpoint=str(folder), lr=1e-2, seed=3, dtype="float32",
-                                   hf_rms_norm_fusion=norm, hf_swiglu_fusion=mlp)  # fmt: skip
-            calls.update(rms_norm=0, swiglu=0)
+                                   hf_rms_norm_fusion=norm, hf_swiglu_fusion=mlp,
+                                   hf_rope_fusion=rot)  # fmt: skip
+            calls.update(rms_norm=0, swiglu=0, rope=0)
             trainer = TorchTrainer(config)
             before = trainer.compute_logprobs(batch)
             grads: dict[str, torch.Tensor] = {}
@@ -401,12 +429,12 @@ def hf_module_cases(tmp: str) -> dict[str, float]:
             metrics = trainer.train_step(batch)
             runs[name] = (before, metrics, grads, dict(calls))
         lp0, m0, g0, c0 = runs["off"]
-        out[f"{family}_off_calls"] = c0["rms_norm"] + c0["swiglu"]
-        for name in ("norm", "mlp"):
+        out[f"{family}_off_calls"] = sum(c0.values())
+        for name, kernel in (("norm", "rms_norm"), ("mlp", "swiglu"), ("rope", "rope")):
             lp, m, g, c = runs[name]
             key = f"{family}_{name}"
-            out[f"{key}_calls"] = c["rms_norm" if name == "norm" else "swiglu"]
-            out[f"{key}_other_calls"] = c["swiglu" if name == "norm" else "rms_norm"]
+            out[f"{key}_calls"] = c[kernel]
+            out[f"{key}_other_calls"] = sum(c.values()) - c[kernel]
             out[f"{key}_logprobs"] = max(
                 float((a - b).abs().max()) for a, b in zip(lp, lp0, strict=True)
             )

@@ -140,14 +140,16 @@ def test_the_output_softmax_flag_reaches_the_trainer(tiny_llama, tmp_path):
 def test_hf_module_fusions_train_like_transformers_own_modules(tmp_path):
     d = _interpreted("hf_module_cases", str(tmp_path))
     # Per forward (the logprob pass and the train step's), every norm took the kernel: 2
-    # layers x (input, post-attention) + the final one, and Qwen3's query/key norms; and every
-    # MLP (2 layers).
+    # layers x (input, post-attention) + the final one, and Qwen3's query/key norms; every
+    # MLP (2 layers); every rotation.
     norms = {"llama": 5, "qwen2": 5, "qwen3": 9}
     for family, count in norms.items():
         assert d[f"{family}_off_calls"] == 0
         assert (d[f"{family}_norm_calls"], d[f"{family}_norm_other_calls"]) == (2 * count, 0)
         assert (d[f"{family}_mlp_calls"], d[f"{family}_mlp_other_calls"]) == (2 * 2, 0)
-        for name in ("norm", "mlp"):
+        # the query and the key of both layers
+        assert (d[f"{family}_rope_calls"], d[f"{family}_rope_other_calls"]) == (2 * 4, 0)
+        for name in ("norm", "mlp", "rope"):
             key = f"{family}_{name}"
             assert d[f"{key}_logprobs"] < 1e-5 and d[f"{key}_loss"] < 1e-6, (key, d)
             assert d[f"{key}_grad_norm_rel"] < 1e-5, (key, d)
@@ -155,25 +157,35 @@ def test_hf_module_fusions_train_like_transformers_own_modules(tmp_path):
 
 
 def test_the_hf_fusion_flags_reach_the_torch_trainers_modules(tiny_llama, tmp_path):
+    from transformers.models.llama import modeling_llama
+
     from vime.cli.main import parse_args
     from vime.cli.train_cmd import build_setup
+    from vime.training import hf_kernels
     from vime.training.torch_backend import TorchTrainer
 
     routed = {}
-    for extra in ([], ["--no-hf-rms-norm-fusion"], ["--no-hf-swiglu-fusion"]):
+    flags = ([], ["--no-hf-rms-norm-fusion"], ["--no-hf-swiglu-fusion"], ["--no-hf-rope-fusion"])
+    for extra in flags:
         argv = ["train", "--model", str(tiny_llama), "--env", "vime/Math-v0"]
         setup = build_setup(parse_args([*argv, "--output-dir", str(tmp_path), *extra]))
         model = TorchTrainer(setup.trainer, setup.loss).model
         kinds = ("LlamaRMSNorm", "LlamaMLP")
-        routed[" ".join(extra)] = tuple(
-            sum(hasattr(m, "_vime_forward") for m in model.modules() if type(m).__name__ == k)
-            for k in kinds
+        routed[" ".join(extra)] = (
+            *(
+                sum(hasattr(m, "_vime_forward") for m in model.modules() if type(m).__name__ == k)
+                for k in kinds
+            ),
+            hf_kernels._rope_on,
         )
     assert routed == {
-        "": (5, 2),
-        "--no-hf-rms-norm-fusion": (0, 2),
-        "--no-hf-swiglu-fusion": (5, 0),
+        "": (5, 2, True),
+        "--no-hf-rms-norm-fusion": (0, 2, True),
+        "--no-hf-swiglu-fusion": (5, 0, True),
+        "--no-hf-rope-fusion": (5, 2, False),
     }
+    # transformers' attention calls its module's function: that is the one wrapped.
+    assert hasattr(modeling_llama.apply_rotary_pos_emb, "vime_original")
 
 
 def test_output_softmax_kernels_compile_for_the_h200_with_vector_loads():

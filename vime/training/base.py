@@ -67,6 +67,12 @@ class TrainerConfig:
         "Qwen3-MoE, Mistral) run vime's Triton RMSNorm kernels where Triton runs (CUDA), one "
         "kernel each way instead of transformers' float32 elementwise ops (same math)",
     )
+    hf_rope_fusion: bool = option(
+        True,
+        help="torch backend: transformers' apply_rotary_pos_emb (Llama, Qwen2, Qwen3, "
+        "Qwen3-MoE, Mistral) rotates the query and the key with one Triton kernel each way "
+        "where Triton runs (CUDA) instead of five elementwise ops (same math); process-wide",
+    )
     hf_swiglu_fusion: bool = option(
         True,
         help="torch backend: the transformers model's SiLU-gated MLPs (Llama, Qwen2, Qwen3, "

@@ -8,6 +8,13 @@ known family at :func:`vime.training.kernels.rms_norm.rms_norm`: the same functi
 one rounding to the input's dtype), one kernel each way. Modules of other classes are left
 alone: only classes whose forward is exactly ``weight * x / sqrt(mean(x^2) + eps)`` are listed.
 
+``--hf-rope-fusion`` (on): ``apply_rotary_pos_emb`` of those families' modeling modules, five
+elementwise kernels and two temporaries per query and per key (``rotate_half`` slices and
+concatenates), is one table-driven kernel each way per tensor
+(:func:`vime.training.kernels.rope.rotate_with_tables`). transformers' attention calls its
+module's function by name, so the switch is process-wide: :func:`install` sets it for every
+model of the process (one trainer per process in Vime).
+
 ``--hf-swiglu-fusion`` (on): the gated MLP's ``act_fn(gate_proj(x)) * up_proj(x)`` with a SiLU
 activation is a SiLU kernel and a multiply forward, three more backward, and keeps the SiLU's
 output for backward; :func:`vime.training.kernels.swiglu.silu_mul` is one kernel each way and
@@ -21,6 +28,7 @@ from typing import Any
 
 import torch
 
+from vime.training.kernels import rope as _rope
 from vime.training.kernels.rms_norm import available
 from vime.training.kernels.rms_norm import rms_norm as _rms_norm
 from vime.training.kernels.swiglu import silu_mul
@@ -36,10 +44,22 @@ RMS_NORM_CLASSES = frozenset(
 MLP_CLASSES = frozenset({"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "Qwen3MoeMLP", "MistralMLP"})
 
 
-def install(model: torch.nn.Module, rms_norm: bool = True, swiglu: bool = True) -> dict[str, int]:
+# Modeling modules whose apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) is
+# q * cos + rotate_half(q) * sin (and the same for k).
+ROPE_MODULES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral")
+_rope_on = False
+
+
+def install(
+    model: torch.nn.Module, rms_norm: bool = True, swiglu: bool = True, rope: bool = True
+) -> dict[str, int]:
     """Route ``model``'s RMSNorm modules of :data:`RMS_NORM_CLASSES` (``rms_norm``) and its
-    SiLU-gated MLPs of :data:`MLP_CLASSES` (``swiglu``) through the Triton kernels. Returns how
-    many modules of each were routed."""
+    SiLU-gated MLPs of :data:`MLP_CLASSES` (``swiglu``) through the Triton kernels, and set the
+    process-wide RoPE switch (``rope``). Returns how many modules of each were routed."""
+    global _rope_on
+    _rope_on = rope
+    if rope:
+        _wrap_rope_functions()
     counts = {"rms_norm": 0, "swiglu": 0}
     for module in model.modules():
         name = type(module).__name__
@@ -72,3 +92,52 @@ def _fused_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 
 def _fused_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def _wrap_rope_functions() -> None:
+    import importlib
+
+    for name in ROPE_MODULES:
+        try:
+            module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ImportError:
+            continue
+        original = getattr(module, "apply_rotary_pos_emb", None)
+        if original is not None and not hasattr(original, "vime_original"):
+            module.apply_rotary_pos_emb = _fused_rope(original)
+
+
+def _fused_rope(original: Any) -> Any:
+    def apply_rotary_pos_emb(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
+        if _rope_on and unsqueeze_dim == 1 and len(args) + len(kwargs) <= 1 and _fits(q, k, cos):
+            return _rotate_bhsd(q, cos, sin), _rotate_bhsd(k, cos, sin)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    apply_rotary_pos_emb.vime_original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def _fits(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
+    """[B, heads, S, D] query and key with [1 or B, S, D] tables over the whole head."""
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or not _rope.available(q):
+        return False
+    b, _, s, d = q.shape
+    return (
+        k.shape[0] == b and k.shape[2:] == (s, d) and cos.shape[1:] == (s, d)
+        and cos.shape[0] in (1, b) and d % 2 == 0
+    )  # fmt: skip
+
+
+def _rotate_bhsd(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    b, heads, s, d = t.shape
+    tokens = t.transpose(1, 2)  # [B, S, heads, D]; a view of the projection's output
+    if b > 1 and tokens.stride(0) != s * tokens.stride(1):
+        tokens = tokens.contiguous()
+    tokens = tokens.reshape(b * s, heads, d)
+    tables = [x.expand(b, s, d).reshape(b * s, d) for x in (cos, sin)]
+    out = _rope.rotate_with_tables(tokens, *tables)
+    return out.view(b, s, heads, d).transpose(1, 2)

@@ -79,11 +79,12 @@ class TorchTrainer(Trainer):
 
             targets = [t for t in self.config.lora_target_modules.split(",") if t]
             apply_lora(model, self.config.lora_rank, self.config.lora_alpha, targets)
-        if self.config.hf_rms_norm_fusion or self.config.hf_swiglu_fusion:
-            from vime.training import hf_kernels
+        from vime.training import hf_kernels
 
-            c = self.config
-            hf_kernels.install(model, rms_norm=c.hf_rms_norm_fusion, swiglu=c.hf_swiglu_fusion)
+        c = self.config
+        hf_kernels.install(
+            model, rms_norm=c.hf_rms_norm_fusion, swiglu=c.hf_swiglu_fusion, rope=c.hf_rope_fusion
+        )
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}

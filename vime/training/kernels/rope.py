@@ -80,6 +80,90 @@ class _Rope(torch.autograd.Function):
         return _launch(grad, angles, positions, backward=True), None, None
 
 
+def rotate_with_tables(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of ``t`` (``[tokens, heads, dim]``, any strides with a unit last one) by given
+    ``cos``/``sin`` tables (``[tokens, dim]``, one row per token, as transformers' rotary
+    embedding computes them): ``t * cos + rotate_half(t) * sin`` in fp32, rounded once to
+    ``t``'s dtype. Returns a new contiguous ``[tokens, heads, dim]`` tensor."""
+    if t.dim() != 3 or cos.shape != (t.shape[0], t.shape[2]) or sin.shape != cos.shape:
+        raise ValueError(f"rope: t [tokens, heads, dim] and cos/sin [tokens, dim] expected, got "
+                         f"{tuple(t.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")  # fmt: skip
+    if t.shape[2] % 2:
+        raise ValueError(f"rope: head width {t.shape[2]} must be even")
+    return _RopeTables.apply(t, cos, sin)
+
+
+class _RopeTables(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cos, sin = cos.contiguous(), sin.contiguous()
+        ctx.save_for_backward(cos, sin)
+        return _launch_tables(t, cos, sin, backward=False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _launch_tables(grad, cos, sin, backward=True), None, None
+
+
+def _launch_tables(
+    src: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
+) -> torch.Tensor:
+    import triton
+
+    if src.stride(-1) != 1:
+        src = src.contiguous()
+    tokens, heads, dim = src.shape
+    out = torch.empty((tokens, heads, dim), dtype=src.dtype, device=src.device)
+    _tables_kernel()[(tokens,)](
+        src, out, cos, sin, src.stride(0), src.stride(1), heads, dim // 2,
+        BACKWARD=backward, BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+@functools.cache
+def _tables_kernel() -> Any:
+    """The table-driven Triton kernel, or None without Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def rope_tables(
+        T, OUT, COS, SIN, stride_tok, stride_head, heads, half,
+        BACKWARD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    ):  # fmt: skip
+        tok = tl.program_id(0).to(tl.int64)
+        j = tl.arange(0, BLOCK_HALF)
+        j_ok = j < half
+        row = tok * 2 * half
+        c1 = tl.load(COS + row + j, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+        c2 = tl.load(COS + row + half + j, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+        s1 = tl.load(SIN + row + j, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+        s2 = tl.load(SIN + row + half + j, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+        h = tl.arange(0, BLOCK_H)
+        ok = (h < heads)[:, None] & j_ok[None, :]
+        src = T + tok * stride_tok + h[:, None] * stride_head
+        dst = OUT + tok * heads * 2 * half + h[:, None] * 2 * half
+        x1 = tl.load(src + j[None, :], mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + half + j[None, :], mask=ok, other=0.0).to(tl.float32)
+        if BACKWARD:  # the transposed rotation
+            y1 = x1 * c1 + x2 * s2
+            y2 = x2 * c2 - x1 * s1
+        else:
+            y1 = x1 * c1 - x2 * s1
+            y2 = x2 * c2 + x1 * s2
+        dt = OUT.dtype.element_ty
+        tl.store(dst + j[None, :], y1.to(dt), mask=ok)
+        tl.store(dst + half + j[None, :], y2.to(dt), mask=ok)
+
+    return rope_tables
+
+
 @functools.cache
 def _kernel() -> Any:
     """The Triton kernel, or None without Triton."""
