@@ -210,6 +210,29 @@ def test_output_softmax_kernels_compile_for_the_h200_with_vector_loads():
         assert ptx.count("st.global.v4") >= stores, fn.__name__
 
 
+@pytest.mark.parametrize("backward", [False, True])
+def test_the_hf_module_kernels_compile_for_the_h200(backward):
+    """The two-tensor SwiGLU and the table-driven RoPE kernels, as CUDA compiles them for
+    sm_90 (the interpreter accepts code that CUDA refuses)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vime.training.kernels import rope, swiglu
+
+    pair = {name: "*bf16" for name in ("A", "B", "G", "OUT", "DB")}
+    pair.update(n="i64", BACKWARD="constexpr", BLOCK="constexpr")
+    tables = {"T": "*bf16", "OUT": "*bf16", "COS": "*fp32", "SIN": "*fp32"}
+    tables.update(dict.fromkeys(("stride_tok", "stride_head", "heads", "half"), "i32"))
+    tables.update(BACKWARD="constexpr", BLOCK_H="constexpr", BLOCK_HALF="constexpr")
+    cases = (
+        (swiglu._pair_kernel(), pair, {"BACKWARD": backward, "BLOCK": 1024}),
+        (rope._tables_kernel(), tables, {"BACKWARD": backward, "BLOCK_H": 32, "BLOCK_HALF": 64}),
+    )
+    for fn, signature, constants in cases:
+        src = ASTSource(fn=fn, signature=signature, constexprs=constants)
+        assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+
+
 def test_adamw_falls_back_to_the_same_math_and_refuses_bad_input():
     from vime.training.kernels.adamw import AdamWHyper, adamw_step
 
