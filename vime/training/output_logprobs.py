@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vime.training.gemm import wgrad_gemm_accum_fp32
 from vime.training.kernels import output_softmax
 
 DEFAULT_CHUNK_TOKENS = 1024
@@ -245,8 +246,8 @@ def _backward(ctx: Any, grad_logprobs: Tensor | None, grad_entropy: Tensor | Non
             )  # fmt: skip
         if grad_hidden is not None:
             grad_hidden[a:b] = grad_z @ weight
-        if grad_weight is not None:
-            grad_weight += grad_z.t() @ h
+        if grad_weight is not None:  # one GEMM adding into the fp32 buffer, no bf16 temporary
+            wgrad_gemm_accum_fp32(h, grad_z, grad_weight)
     if grad_hidden is not None:
         # The hidden states feed every vocab shard: their gradient is the sum over shards.
         _all_reduce(grad_hidden, group)

@@ -6,7 +6,8 @@ TransformerEngine, which this backend does not install.
   to add ``grad_outputᵀ · input`` straight into the fp32 ``main_grad`` buffer. Without it each
   weight gradient is first written as a bf16 tensor and then added to ``main_grad`` by a
   separate kernel, per parameter and micro-batch. Here it is one GEMM with ``beta=1`` into the
-  fp32 buffer (torch's ``out_dtype`` GEMM on CUDA; an fp32 ``addmm_`` otherwise).
+  fp32 buffer (:func:`vime.training.gemm.wgrad_gemm_accum_fp32`: torch's ``out_dtype`` GEMM on
+  CUDA; an fp32 ``addmm_`` otherwise).
 - **RoPE** (``apply_rope_fusion``): megatron-core's unfused rotary embedding runs a chunk, a
   negation, a concatenation, two multiplications and an addition each way per query and key,
   and its packed (``thd``) form reads the sequence bounds back to the host in every layer.
@@ -28,23 +29,8 @@ from typing import Any
 
 import torch
 
+from vime.training.gemm import wgrad_gemm_accum_fp32
 from vime.training.kernels import rope as rope_kernel
-
-
-def wgrad_gemm_accum_fp32(
-    total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor
-) -> None:
-    """``main_grad += grad_outputᵀ · total_input`` with fp32 accumulation, in place.
-
-    ``total_input`` is ``[tokens, in]``, ``grad_output`` ``[tokens, out]``, ``main_grad``
-    ``[out, in]`` fp32.
-    """
-    if total_input.dtype == torch.float32:
-        main_grad.addmm_(grad_output.t(), total_input)
-    elif main_grad.is_cuda:
-        torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
-    else:  # no mixed-precision GEMM on this device: product in the input dtype, then the add
-        main_grad.add_(grad_output.t() @ total_input)
 
 
 def wgrad_gemm_accum_fp16(
