@@ -118,14 +118,16 @@ def _interpreted(monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_fused_optimizer_steps_like_megatrons_own(tiny_models, monkeypatch):
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_fused_optimizer_steps_like_megatrons_own(tiny_models, monkeypatch, family):
     """--optimizer-fusion (clipping, AdamW, model copy in one Triton pass; interpreted here)
     against megatron-core's clip + torch AdamW, fp32, three steps with clipping active: every
-    step's loss and gradient norm, the weights, and torch's AdamW states (moments, step)."""
+    step's loss and gradient norm, the weights, and torch's AdamW states (moments, step). The
+    MoE model's experts are parameters of their own."""
     from fusions_cpu import optimizer_run
 
     _interpreted(monkeypatch)
-    folder = str(tiny_models["qwen3"])
+    folder = str(tiny_models[family])
     base = spawn(optimizer_run, 1, folder, ["--no-optimizer-fusion"], 3, backend="gloo")[0]
     fused = spawn(optimizer_run, 1, folder, ["--optimizer-fusion"], 3, backend="gloo")[0]
     assert (base["fused"], fused["fused"]) == (False, True)
