@@ -146,6 +146,29 @@ def test_fused_optimizer_steps_like_megatrons_own(tiny_models, monkeypatch, fami
 
 
 @pytest.mark.slow
+def test_fused_optimizer_under_tensor_parallelism_steps_like_megatrons_own(
+    tiny_models, monkeypatch
+):
+    """TP=2 over gloo: each rank's shards step as megatron's own step does (the clipping uses
+    the norm over both ranks)."""
+    from fusions_cpu import optimizer_run
+
+    _interpreted(monkeypatch)
+    folder, tp = str(tiny_models["qwen3"]), ["--tensor-model-parallel-size", "2"]
+    base = spawn(optimizer_run, 2, folder, ["--no-optimizer-fusion", *tp], 2, backend="gloo")
+    fused = spawn(optimizer_run, 2, folder, ["--optimizer-fusion", *tp], 2, backend="gloo")
+    for rank in range(2):
+        assert fused[rank]["launches"] == 2 * 2 and fused[rank]["fused"]
+        for (loss, norm), (loss_f, norm_f) in zip(
+            base[rank]["metrics"], fused[rank]["metrics"], strict=True
+        ):
+            assert loss_f == pytest.approx(loss, abs=1e-6)
+            assert norm_f == pytest.approx(norm, rel=1e-5) and norm > 0.05
+        for name, w in base[rank]["weights"].items():
+            assert torch.allclose(fused[rank]["weights"][name], w, atol=2e-6, rtol=0), name
+
+
+@pytest.mark.slow
 def test_fused_optimizer_writes_the_bf16_model_copy(tiny_models, monkeypatch):
     """--bf16: one step's fp32 masters match megatron's own step, and each bf16 model weight
     is its master rounded once (the interpreter truncates where CUDA rounds: one bf16 step)."""
