@@ -567,6 +567,12 @@ def run_fault(name: str, work: Path, mode: str = "sync", seed: int = 0) -> Outco
     run = Run(folder, mode, faults=faults)
     if name.startswith("docker sandbox"):
         run.extra_args = ("--env-kwargs", json.dumps({"sandbox": "docker"}))
+    if name in ("engine kill -9", "router kill -9"):
+        # Rollouts long enough, and enough of them, to be caught generating: with 8 tokens an
+        # async run's last three steps went by in 1.5 s of 0.2 s rollouts, and CI once saw the
+        # harness miss every one ("the run ended before a request ran on the engine").
+        run.steps = 6
+        run.extra_args = ("--max-tokens", "64")
     try:
         return FAULTS[name](run, rng)
     finally:
