@@ -123,6 +123,21 @@ def _launch_tables(
     return out
 
 
+try:
+    import triton as _triton
+except ImportError:  # pragma: no cover - torch wheels for CUDA ship Triton
+    _triton = None
+
+if _triton is not None:
+
+    @_triton.jit
+    def _rotate_halves(x1, x2, c1, c2, s1, s2, BACKWARD: _triton.language.constexpr):
+        """The rotation of one pair of halves, shared by both kernels (inlined by Triton)."""
+        if BACKWARD:  # the transposed rotation
+            return x1 * c1 + x2 * s2, x2 * c2 - x1 * s1
+        return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+
+
 @functools.cache
 def _tables_kernel() -> Any:
     """The table-driven Triton kernel, or None without Triton."""
@@ -151,12 +166,7 @@ def _tables_kernel() -> Any:
         dst = OUT + tok * heads * 2 * half + h[:, None] * 2 * half
         x1 = tl.load(src + j[None, :], mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(src + half + j[None, :], mask=ok, other=0.0).to(tl.float32)
-        if BACKWARD:  # the transposed rotation
-            y1 = x1 * c1 + x2 * s2
-            y2 = x2 * c2 - x1 * s1
-        else:
-            y1 = x1 * c1 - x2 * s1
-            y2 = x2 * c2 + x1 * s2
+        y1, y2 = _rotate_halves(x1, x2, c1, c2, s1, s2, BACKWARD)
         dt = OUT.dtype.element_ty
         tl.store(dst + j[None, :], y1.to(dt), mask=ok)
         tl.store(dst + half + j[None, :], y2.to(dt), mask=ok)
@@ -200,12 +210,7 @@ def _kernel() -> Any:
         dst = OUT + tok * heads * dim + h[:, None] * dim
         x1 = tl.load(src + j[None, :], mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(src + half + j[None, :], mask=ok, other=0.0).to(tl.float32)
-        if BACKWARD:  # the transposed rotation
-            y1 = x1 * c1 + x2 * s2
-            y2 = x2 * c2 - x1 * s1
-        else:
-            y1 = x1 * c1 - x2 * s1
-            y2 = x2 * c2 + x1 * s2
+        y1, y2 = _rotate_halves(x1, x2, c1, c2, s1, s2, BACKWARD)
         tl.store(dst + j[None, :], y1.to(dt), mask=ok)
         tl.store(dst + half + j[None, :], y2.to(dt), mask=ok)
         if HAS_PASS:
