@@ -14,7 +14,12 @@ logger = logging.getLogger(__name__)
 
 Handler = Any  # aiohttp's RequestHandler (one per connection)
 _FDS_PER_CALL = 8  # descriptors a running call holds (pipes, pidfd, seccomp filter)
-_FDS_SPARE = 64  # the rest of the process: log files, the engine socket, an accept batch
+_FDS_SPARE = 64  # the rest of the process: log files, the engine socket
+ACCEPT_BACKLOG = 128  # the listen queue, and how many sockets asyncio accepts per wake-up
+# asyncio accepts a batch, makes its transports one loop turn later and reports them to the
+# guard the turn after; a socket the guard closes is released one turn after that. So up to
+# three batches are open beyond the cap; past the fd limit asyncio stops accepting for 1 s.
+_FDS_ACCEPTING = 3 * ACCEPT_BACKLOG
 
 
 def raise_fd_limit() -> int:
@@ -28,7 +33,7 @@ def raise_fd_limit() -> int:
 def connection_budget(wanted: int, max_concurrency: int) -> int:
     """How many connections may be open: ``wanted``, or fewer where the fd limit is lower."""
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    room = limit - _FDS_SPARE - _FDS_PER_CALL * max_concurrency
+    room = limit - _FDS_SPARE - _FDS_ACCEPTING - _FDS_PER_CALL * max_concurrency
     if room < wanted:
         logger.warning(
             "the open-file limit (%d) leaves room for %d connections, not %d: raise it "

@@ -24,7 +24,12 @@ from typing import Any
 from aiohttp import web
 
 from vime.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
-from vime.sandboxes.connections import ConnectionGuard, connection_budget, raise_fd_limit
+from vime.sandboxes.connections import (
+    ACCEPT_BACKLOG,
+    ConnectionGuard,
+    connection_budget,
+    raise_fd_limit,
+)
 from vime.sandboxes.registry import create
 from vime.sandboxes.server_config import ServerConfig
 
@@ -285,7 +290,7 @@ async def serve(config: ServerConfig, *, ready: Callable[[str], None] | None = N
     runner = server.runner()
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site = web.TCPSite(runner, config.host, config.port, backlog=ACCEPT_BACKLOG)
         await site.start()
         host, port = runner.addresses[0][:2]
         if ready is not None:
