@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from vime.training.base import TrainerConfig
 from vime.training.optim import LRSchedule, build_optimizer, lr_at
@@ -51,3 +52,28 @@ def test_schedule_sets_group_lr_and_restores_its_state():
     again.load_state_dict(schedule.state_dict())
     assert again.apply_next() == pytest.approx(0.4)
     assert optimizer.param_groups[1]["lr"] == pytest.approx(0.4)
+
+
+def test_cpu_parameters_take_fused_adamw_with_the_math_of_the_paper():
+    """The CPU trainer's AdamW is torch's fused kernel; three steps of it match AdamW written
+    from Loshchilov & Hutter in float64 (decoupled decay, bias-corrected moments)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16))
+    cfg = TrainerConfig(hf_checkpoint="x", lr=1e-2, weight_decay=0.1, adam_eps=1e-8)
+    optimizer, _ = build_optimizer(model, cfg)
+    assert all(g["fused"] for g in optimizer.param_groups)
+    start = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+    grads = [{n: torch.randn_like(p) for n, p in model.named_parameters()} for _ in range(3)]
+    for g in grads:
+        for n, p in model.named_parameters():
+            p.grad = g[n].clone()
+        optimizer.step()
+    b1, b2, lr, eps = cfg.adam_beta1, cfg.adam_beta2, cfg.lr, cfg.adam_eps
+    for n, p in model.named_parameters():
+        decay = cfg.weight_decay if p.ndim >= 2 else 0.0
+        w, m, v = start[n], torch.zeros_like(start[n]), torch.zeros_like(start[n])
+        for t, g in enumerate(grads, 1):
+            gt = g[n].double()
+            m, v = b1 * m + (1 - b1) * gt, b2 * v + (1 - b2) * gt * gt
+            w = w * (1 - lr * decay) - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+        torch.testing.assert_close(p.detach().double(), w, rtol=1e-6, atol=1e-7, msg=n)

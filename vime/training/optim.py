@@ -80,8 +80,19 @@ def build_optimizer(
         lr=lr_at(1, config),
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_eps,
-        # One kernel per parameter group on CUDA instead of a dozen foreach passes over the
-        # fp32 state (Qwen3-4B on an H200: 32 ms a step instead of ~100 ms). Same math.
-        fused=all(p.is_cuda for g in groups for p in g["params"]) or None,
+        # One kernel per parameter group instead of a dozen foreach passes over the fp32
+        # state (Qwen3-4B on an H200: 32 ms a step instead of ~100 ms; SmolLM2-135M on 2 CPU
+        # cores: 90 ms instead of 360 ms). Same math, up to fp32 rounding order.
+        fused=_fused_adamw_runs_on(p for g in groups for p in g["params"]) or None,
     )
     return optimizer, LRSchedule(optimizer, config)
+
+
+def _fused_adamw_runs_on(params: Any) -> bool:
+    """Whether torch's fused AdamW takes these parameters: floating tensors all on CUDA or
+    all on the CPU (torch has a fused kernel for each)."""
+    params = list(params)
+    types = {p.device.type for p in params}
+    return (
+        len(types) == 1 and types <= {"cuda", "cpu"} and all(p.is_floating_point() for p in params)
+    )
