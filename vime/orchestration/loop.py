@@ -277,15 +277,30 @@ class RLLoop:
 
     async def run_sync(self, progress: Any) -> None:
         """On-policy: each step's rollouts use the weights of the step before."""
+        first_eval = self._start_first_eval()
         try:
             while self.state.step < self.run.num_steps:
-                if self.run.eval_interval and self.state.step == 0 and not self.logger.history:
-                    self.logger.log(0, await self.evaluate())
                 groups, metrics, _ = await self.rollout()
+                first_eval = await self._log_first_eval(first_eval)
                 metrics.update(await asyncio.to_thread(self.train, groups, None))
                 await self._finish_step(metrics, groups, self.stream.position, progress)
         finally:
+            await _cancel(first_eval)
             await self.close()
+
+    def _start_first_eval(self) -> asyncio.Future | None:
+        """The held-out evaluation of the starting weights (a fresh run with
+        ``--eval-interval``), started beside step 1's rollouts: both use those weights, and one
+        batch of both keeps a small engine busier than two in turn."""
+        if self.run.eval_interval and self.state.step == 0 and not self.logger.history:
+            return asyncio.ensure_future(self.evaluate())
+        return None
+
+    async def _log_first_eval(self, first_eval: asyncio.Future | None) -> None:
+        """Wait for the first evaluation (before the first weight update) and log it as step
+        0; returns None, the task to wait for from then on."""
+        if first_eval is not None:
+            self.logger.log(0, await first_eval)
 
     async def run_async(self, progress: Any) -> None:
         """Rollouts for the next steps run while the trainer trains (bounded staleness).
@@ -314,10 +329,12 @@ class RLLoop:
                 await queue.put(item)
                 positions.remove(item[2])
 
+        first_eval = self._start_first_eval()
         producer = asyncio.create_task(produce())
         try:
             while self.state.step < self.run.num_steps:
                 groups, metrics, _ = await _next_batch(queue, producer)
+                first_eval = await self._log_first_eval(first_eval)
                 waiting.pop(0)
                 ahead.release()
                 metrics = dict(metrics)
@@ -329,6 +346,7 @@ class RLLoop:
                 resume_at = min(positions) if positions else self.stream.position
                 await self._finish_step(metrics, groups, resume_at, progress)
         finally:
+            await _cancel(first_eval)
             producer.cancel()
             self.manager.abort()
             await asyncio.gather(producer, return_exceptions=True)
@@ -345,6 +363,13 @@ class RLLoop:
             sum(metrics.get(k, 0.0) for k in ("time/rollout_s", "time/train_s", "time/sync_s"))
         )
         progress(self.state.step, metrics)
+
+
+async def _cancel(task: asyncio.Future | None) -> None:
+    """Cancel ``task`` (if any and still running) and wait for it to end."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def _next_batch(queue: asyncio.Queue, producer: asyncio.Task) -> Any:
