@@ -95,24 +95,6 @@ def test_engine_env_turns_on_rl_routes_and_sizes_the_cpu_kv_cache() -> None:
     assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
 
 
-def test_a_one_process_cpu_engine_keeps_its_worker_in_the_engine_core(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: vLLM CPU
-    monkeypatch.setattr("os.cpu_count", lambda: 6)
-    env = engine_env(ServeConfig(model="m"), 0, base={"OMP_NUM_THREADS": "1"})  # as Ray sets it
-    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert env["OMP_NUM_THREADS"] == "6" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-5"
-    # The user's own choice of process layout or binding stays as it is.
-    for mine in ({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, {"VLLM_CPU_OMP_THREADS_BIND": "0-3"}):
-        env = engine_env(ServeConfig(model="m"), 0, base={"OMP_NUM_THREADS": "1", **mine})
-        assert env["OMP_NUM_THREADS"] == "1" and env.items() >= mine.items()
-    tp2 = ServeConfig(model="m", rollout_num_gpus_per_engine=2)
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(tp2, 0, base={})
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(ServeConfig(model="m"), 0, base={})
-
-
 def test_engine_env_gives_each_engine_its_own_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     cfg = ServeConfig(model="m", rollout_num_engines=2, rollout_num_gpus_per_engine=2)

@@ -81,20 +81,8 @@ def engine_env(
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
     # vLLM reserves a core for itself by default; on small machines that leaves too few.
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
     gpus = _gpu_ids()
-    cores = os.cpu_count() or 1
-    if (
-        not gpus
-        and config.rollout_num_gpus_per_engine == 1
-        and not ({"VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING"} & env.keys())
-    ):
-        # vLLM CPU otherwise runs its one worker in a process of its own: a third interpreter
-        # importing torch and vLLM, 7-8 s of a 2-core machine's engine start. That process
-        # also set the worker's OpenMP threads to every core; here the engine's own
-        # environment must (a Ray actor of 1 CPU has OMP_NUM_THREADS=1: rollouts took 1.4x).
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        env["OMP_NUM_THREADS"] = str(cores)
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
     if gpus:
         tp = config.rollout_num_gpus_per_engine
         mine = gpus[index * tp : (index + 1) * tp]
