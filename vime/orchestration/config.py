@@ -52,7 +52,11 @@ class RunConfig:
     save_interval: int = option(0, help="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = option(2, help="checkpoints to keep on disk")
     export_interval: int = option(0, help="export an HF folder every N steps (0: only at the end)")
-    eval_interval: int = option(0, help="evaluate on held-out tasks every N steps (0: never)")
+    eval_interval: int = option(
+        0,
+        help="evaluate on held-out tasks every N steps, and the starting weights beside step "
+        "1's rollouts (0: never)",
+    )
     eval_size: int = option(16, help="held-out tasks per evaluation")
     resume: bool = option(False, help="continue from the latest checkpoint in --output-dir")
     wandb_project: str | None = option(None, help="also log to this wandb project")
