@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vime.training.attention import (
+    CPU_FP32_ATTENTION_BELOW,
     HF_PACKED_SDPA,
     causal_sdpa,
     hf_packed_sdpa,
@@ -90,6 +91,65 @@ def test_packed_bounds_must_cover_the_row(bounds, match) -> None:
     q = torch.randn(1, 13, 2, 8)
     with pytest.raises(ValueError, match=match):
         packed_causal_sdpa(q, q, q, bounds)
+
+
+def test_packed_gradients_equal_each_sequence_alone() -> None:
+    """The split row's backward (one concatenation) gives every sequence the gradients of the
+    definition applied to it alone, and nothing across sequences."""
+    gen = torch.Generator().manual_seed(11)
+    bounds = [0, 4, 5, 12, 20]
+    q, k, v = (torch.randn(1, 20, h, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
+    grad_out = torch.randn(1, 20, 4, 8, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    packed_causal_sdpa(*leaves, bounds).backward(grad_out)
+    for a, b in itertools.pairwise(bounds):
+        alone = [t[:, a:b].clone().requires_grad_() for t in (q, k, v)]
+        reference(*alone).backward(grad_out[:, a:b])
+        for got, want in zip(leaves, alone, strict=True):
+            torch.testing.assert_close(got.grad[:, a:b], want.grad, atol=1e-10, rtol=1e-10)
+
+
+def test_packed_bounds_must_not_hold_an_empty_sequence() -> None:
+    q = torch.randn(1, 6, 2, 8)
+    with pytest.raises(ValueError, match="empty sequence"):
+        packed_causal_sdpa(q, q, q, [0, 3, 3, 6])
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["half-inputs", "fp32-under-autocast"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_half_precision_sequences_attend_in_fp32_on_cpu(
+    dtype: torch.dtype, autocast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below CPU_FP32_ATTENTION_BELOW tokens a sequence that would attend in half precision
+    (its dtype, or CPU autocast's, as the torch backend runs) is computed in fp32, forward and
+    backward, and rounded once; from it on, in the half-precision dtype as before."""
+    gen = torch.Generator().manual_seed(5)
+    short, long = 37, CPU_FP32_ATTENTION_BELOW
+    bounds = [0, short, short + long]
+    q, k, v = (torch.randn(1, short + long, h, 64, generator=gen) for h in (6, 2, 2))
+    grad_out = torch.randn(1, short + long, 6, 64, generator=gen)
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((q.shape[2], q.dtype, k.dtype, v.dtype))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    half = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    leaves = [t.detach().float().requires_grad_() for t in half] if autocast else half
+    with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+        out = packed_causal_sdpa(*leaves, bounds)
+    out.backward(grad_out.to(dtype))
+    f32 = torch.float32
+    assert calls[0] == (short, f32, f32, f32)
+    assert calls[1][0] == long and (calls[1][1:] == (f32,) * 3 if autocast else (dtype,) * 3)
+    assert out.dtype == dtype and all(t.grad.dtype == leaves[0].dtype for t in leaves)
+
+    # The short sequence: the fp32 computation from the same rounded inputs, rounded once.
+    wide = [t.detach().float() for t in half]
+    assert torch.equal(out[:, :short], causal_sdpa(*(t[:, :short] for t in wide)).to(dtype))
 
 
 def tiny_qwen3(attn: str):
