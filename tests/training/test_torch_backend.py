@@ -239,3 +239,39 @@ def test_scoring_only_loss_rows_changes_no_step_result(untied_qwen3, monkeypatch
         mask = torch.tensor(s.loss_mask, dtype=torch.bool)
         torch.testing.assert_close(a[mask], b[mask], rtol=0, atol=1e-6)
         assert (a[~mask] == 0).all()  # unscored rows are 0.0, as the dumps record them
+
+
+def _file_mappings(path) -> list[tuple[int, int]]:
+    """This process's address ranges mapped from ``path`` (Linux /proc/self/maps)."""
+    target = str(path.resolve())
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == target:
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((lo, hi))
+    return ranges
+
+
+def test_cpu_weights_live_in_the_trainers_memory_not_the_checkpoint_file(tiny_llama):
+    """from_pretrained maps an fp32 checkpoint's weights from its file; writing them there
+    would copy each page on its first write (the first optimizer step). The CPU trainer's
+    parameters are its own memory, and the file's mapping is released."""
+    from transformers import AutoModelForCausalLM
+
+    weights = tiny_llama / "model.safetensors"
+
+    def in_file(t: torch.Tensor) -> bool:
+        return any(lo <= t.data_ptr() < hi for lo, hi in _file_mappings(weights))
+
+    # The case this guards: plain from_pretrained keeps weights in the file's mapping.
+    mapped = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    assert any(in_file(p) for p in mapped.parameters())
+    del mapped
+    trainer = TorchTrainer(config(tiny_llama))
+    params = list(trainer.model.parameters())
+    assert params and not any(in_file(p) for p in params)
+    # Tied input and output embeddings stay one tensor.
+    model = trainer.model
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight

@@ -63,11 +63,19 @@ class TorchTrainer(Trainer):
         from vime.training.attention import register_hf_attention
 
         register_hf_attention()
-        return AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             self.config.hf_checkpoint,
             dtype=torch.float32,
             attn_implementation=self.config.attn_implementation,
-        ).to(self.device)
+        )
+        if self.device.type == "cpu":
+            # An fp32 checkpoint's weights come back mapped from its file, and the first
+            # optimizer step then copies every page on write: 1.75 s for SmolLM2-135M's 540 MB
+            # on 2 cores, against 0.16 s to copy them into the trainer's own memory here.
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.data = param.data.clone()
+        return model.to(self.device)
 
     def _load_model(self) -> torch.nn.Module:
         """:meth:`_pretrained`, with LoRA, checkpointing, compute dtype and FSDP2 applied."""
