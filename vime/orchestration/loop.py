@@ -85,6 +85,10 @@ class RLLoop:
         self.stream = TaskStream(tasks, seed=self.run.seed)
         self.eval_set = eval_tasks
         self.step_times: list[float] = []
+        # The running held-out evaluation (its step and task), and the steps already logged
+        # with one (a resumed run's come from its metrics.jsonl).
+        self._eval: tuple[int, asyncio.Future] | None = None
+        self._evaluated = _evaluated_steps(self.out / "metrics.jsonl") if self.run.resume else set()
 
     # -- state ------------------------------------------------------------------------
     def restore(self) -> bool:
@@ -229,7 +233,8 @@ class RLLoop:
     def after_step(
         self, metrics: dict[str, float], groups: list[list[Trajectory]], data_position: int
     ) -> None:
-        """Dumps, logging, checkpoints, exports and evaluation once a step is done."""
+        """Dumps, logging, checkpoints and exports once a step is done (its evaluation runs
+        beside them: :meth:`_start_eval`)."""
         self.state.step += 1
         step = self.state.step
         if self.run.dump_trajectories:
@@ -265,6 +270,32 @@ class RLLoop:
             "time/eval_s": time.perf_counter() - t,
         }
 
+    def _start_eval(self, step: int) -> None:
+        """Start evaluating the weights the engines hold now, those of ``step``, when due (the
+        starting weights, then every ``--eval-interval`` steps) and not logged yet.
+
+        It runs beside what comes next (the next step's rollouts: one engine batch of both
+        keeps a small engine busier than two in turn; after the last step, its checkpoint and
+        export) and :meth:`_log_eval` awaits it before the engines' weights change."""
+        interval = self.run.eval_interval
+        if not interval or step % interval or step in self._evaluated:
+            return
+        self._evaluated.add(step)
+        self._eval = (step, asyncio.ensure_future(self.evaluate()))
+
+    async def _log_eval(self) -> None:
+        """Wait for the running evaluation, if any, and log it as a row of its step."""
+        if self._eval is not None:
+            step, task = self._eval
+            self._eval = None
+            self.logger.log(step, await task)
+
+    async def _cancel_eval(self) -> None:
+        if self._eval is not None:
+            task = self._eval[1]
+            self._eval = None
+            await _cancel(task)
+
     def export(self, step: int) -> Path:
         """Write ``exports/step_<N>`` as a plain HF folder."""
         target = self.out / "exports" / f"step_{step:06d}"
@@ -277,30 +308,17 @@ class RLLoop:
 
     async def run_sync(self, progress: Any) -> None:
         """On-policy: each step's rollouts use the weights of the step before."""
-        first_eval = self._start_first_eval()
+        self._start_eval(self.state.step)
         try:
             while self.state.step < self.run.num_steps:
                 groups, metrics, _ = await self.rollout()
-                first_eval = await self._log_first_eval(first_eval)
+                await self._log_eval()
                 metrics.update(await asyncio.to_thread(self.train, groups, None))
                 await self._finish_step(metrics, groups, self.stream.position, progress)
+            await self._log_eval()
         finally:
-            await _cancel(first_eval)
+            await self._cancel_eval()
             await self.close()
-
-    def _start_first_eval(self) -> asyncio.Future | None:
-        """The held-out evaluation of the starting weights (a fresh run with
-        ``--eval-interval``), started beside step 1's rollouts: both use those weights, and one
-        batch of both keeps a small engine busier than two in turn."""
-        if self.run.eval_interval and self.state.step == 0 and not self.logger.history:
-            return asyncio.ensure_future(self.evaluate())
-        return None
-
-    async def _log_first_eval(self, first_eval: asyncio.Future | None) -> None:
-        """Wait for the first evaluation (before the first weight update) and log it as step
-        0; returns None, the task to wait for from then on."""
-        if first_eval is not None:
-            self.logger.log(0, await first_eval)
 
     async def run_async(self, progress: Any) -> None:
         """Rollouts for the next steps run while the trainer trains (bounded staleness).
@@ -329,12 +347,12 @@ class RLLoop:
                 await queue.put(item)
                 positions.remove(item[2])
 
-        first_eval = self._start_first_eval()
+        self._start_eval(self.state.step)
         producer = asyncio.create_task(produce())
         try:
             while self.state.step < self.run.num_steps:
                 groups, metrics, _ = await _next_batch(queue, producer)
-                first_eval = await self._log_first_eval(first_eval)
+                await self._log_eval()
                 waiting.pop(0)
                 ahead.release()
                 metrics = dict(metrics)
@@ -345,8 +363,9 @@ class RLLoop:
                 self.buffer = [g for item in waiting for g in item[0]]
                 resume_at = min(positions) if positions else self.stream.position
                 await self._finish_step(metrics, groups, resume_at, progress)
+            await self._log_eval()
         finally:
-            await _cancel(first_eval)
+            await self._cancel_eval()
             producer.cancel()
             self.manager.abort()
             await asyncio.gather(producer, return_exceptions=True)
@@ -355,9 +374,9 @@ class RLLoop:
     async def _finish_step(
         self, metrics: dict[str, float], groups: list, position: int, progress: Any
     ) -> None:
-        step = self.state.step + 1
-        if self.run.eval_interval and step % self.run.eval_interval == 0:
-            metrics.update(await self.evaluate())
+        # The engines hold this step's weights now: evaluate them beside the checkpoint, the
+        # export and the next step's rollouts.
+        self._start_eval(self.state.step + 1)
         await asyncio.to_thread(self.after_step, metrics, groups, position)
         self.step_times.append(
             sum(metrics.get(k, 0.0) for k in ("time/rollout_s", "time/train_s", "time/sync_s"))
@@ -384,6 +403,21 @@ async def _next_batch(queue: asyncio.Queue, producer: asyncio.Task) -> Any:
         getter.cancel()  # a no-op once it has its item
     producer.result()  # raises what stopped it
     raise VimeError("the rollout producer stopped without an error")
+
+
+def _evaluated_steps(path: Path) -> set[int]:
+    """The steps that ``metrics.jsonl`` at ``path`` holds a held-out evaluation of (a line cut
+    short by a crash is skipped)."""
+    steps = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and "eval/pass@1" in row and "step" in row:
+                steps.add(int(row["step"]))
+    return steps
 
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:

@@ -1,10 +1,14 @@
-"""The held-out evaluation of the starting weights runs beside step 1's rollouts (both on the
-engines at once), is logged as step 0, and always ends before the first weight update; a
-failed rollout cancels it and stops the run with the rollout's own error."""
+"""Held-out evaluations run beside other work on the same weights: the starting weights' beside
+step 1's rollouts, step N's beside its checkpoint and step N+1's rollouts. Each is logged as a
+row of its step and always ends before the next weight update; a failed rollout cancels it and
+stops the run with the rollout's own error; a resumed run evaluates a due step only if its
+metrics.jsonl has no evaluation of it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,8 +105,72 @@ async def test_a_failed_first_rollout_cancels_the_evaluation_and_keeps_its_error
 
 async def test_a_resumed_run_does_not_evaluate_the_starting_weights_again(tiny_model, tmp_path):
     events: list[str] = []
-    loop = _loop(tiny_model, tmp_path, events)
-    loop.logger.history.append((0, {"eval/pass@1": 0.25}))  # logged before the restart
+    # Logged before the restart; the last line was cut short by the crash.
+    rows = [{"step": 0, "eval/pass@1": 0.25}, {"step": 1, "rollout/reward_mean": 0.5}]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "eval/pa'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    loop = _loop(tiny_model, tmp_path, events, "--resume")
     _script(loop, events)
     await asyncio.wait_for(loop.run_sync(None), 20)
     assert "eval start" not in events
+
+
+async def test_a_resumed_run_evaluates_a_due_step_whose_evaluation_was_lost(tiny_model, tmp_path):
+    """Killed after step 2's checkpoint, before its evaluation was logged: the resumed run
+    evaluates the restored weights (and logs them as step 2) before it goes on."""
+    events: list[str] = []
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/pass@1": 0.1}) + "\n")
+    loop = _loop(tiny_model, tmp_path, events, "--resume", "--num-steps", "3")
+    loop.state.step = 2  # as restore() leaves it
+    _script(loop, events)
+    await asyncio.wait_for(loop.run_sync(None), 20)
+    assert events.index("eval end") < events.index("log 2") < events.index("train")
+    assert loop.logger.history[0] == (2, {"eval/pass@1": 0.25})
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_each_evaluation_runs_beside_its_steps_checkpoint_and_the_next_rollouts(
+    tiny_model, tmp_path, mode
+):
+    """--eval-interval 1 over 2 steps: step N's weights are evaluated while step N is saved
+    (and step N+1 rolled out), logged as a row of step N before the next weight update; the
+    last step's evaluation is awaited after its checkpoint, before the run ends."""
+    events: list[str] = []
+    loop = _loop(tiny_model, tmp_path, events, "--mode", mode, "--eval-interval", "1")
+    evals = iter([0.25, 0.5, 0.75])
+
+    async def evaluate():
+        events.append("eval start")
+        await asyncio.sleep(0.2)
+        events.append("eval end")
+        return {"eval/pass@1": next(evals)}
+
+    async def rollout():
+        events.append("rollout")
+        return [["group"]], {}, loop.stream.position
+
+    def train(groups, max_staleness):
+        events.append("train")
+        return {}
+
+    def after_step(metrics, groups, position):
+        loop.state.step += 1
+        events.append(f"save {loop.state.step} start")
+        time.sleep(0.05)
+        events.append(f"save {loop.state.step} end")
+
+    loop.evaluate, loop.rollout, loop.train, loop.after_step = evaluate, rollout, train, after_step
+    run = loop.run_async(lambda *a: None) if mode == "async" else loop.run_sync(lambda *a: None)
+    await asyncio.wait_for(run, 20)
+    assert events.count("eval start") == 3
+    # Step 1's evaluation started before its checkpoint ended (they overlap), and was logged
+    # before step 2's weight update; step 2's likewise, logged before the run ended.
+    starts = [i for i, e in enumerate(events) if e == "eval start"]
+    assert starts[1] < events.index("save 1 end") and starts[2] < events.index("save 2 end")
+    trains = [i for i, e in enumerate(events) if e == "train"]
+    assert events.index("log 1") < trains[1] and events[-1] == "log 2"
+    assert [row for row in loop.logger.history] == [
+        (0, {"eval/pass@1": 0.25}),
+        (1, {"eval/pass@1": 0.5}),
+        (2, {"eval/pass@1": 0.75}),
+    ]
