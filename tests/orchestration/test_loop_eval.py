@@ -129,12 +129,12 @@ async def test_a_resumed_run_evaluates_a_due_step_whose_evaluation_was_lost(tiny
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-async def test_each_evaluation_runs_beside_its_steps_checkpoint_and_the_next_rollouts(
+async def test_each_evaluation_runs_after_its_steps_checkpoint_beside_the_next_rollouts(
     tiny_model, tmp_path, mode
 ):
-    """--eval-interval 1 over 2 steps: step N's weights are evaluated while step N is saved
-    (and step N+1 rolled out), logged as a row of step N before the next weight update; the
-    last step's evaluation is awaited after its checkpoint, before the run ends."""
+    """--eval-interval 1 over 2 steps: step N's weights are evaluated after step N is saved
+    (on a CPU box the two would share the cores), while step N+1 is rolled out, and logged as
+    a row of step N before the next weight update; the last one before the run ends."""
     events: list[str] = []
     loop = _loop(tiny_model, tmp_path, events, "--mode", mode, "--eval-interval", "1")
     evals = iter([0.25, 0.5, 0.75])
@@ -146,7 +146,9 @@ async def test_each_evaluation_runs_beside_its_steps_checkpoint_and_the_next_rol
         return {"eval/pass@1": next(evals)}
 
     async def rollout():
-        events.append("rollout")
+        events.append("rollout start")
+        await asyncio.sleep(0.1)
+        events.append("rollout end")
         return [["group"]], {}, loop.stream.position
 
     def train(groups, max_staleness):
@@ -163,12 +165,15 @@ async def test_each_evaluation_runs_beside_its_steps_checkpoint_and_the_next_rol
     run = loop.run_async(lambda *a: None) if mode == "async" else loop.run_sync(lambda *a: None)
     await asyncio.wait_for(run, 20)
     assert events.count("eval start") == 3
-    # Step 1's evaluation started before its checkpoint ended (they overlap), and was logged
-    # before step 2's weight update; step 2's likewise, logged before the run ended.
+    # Step 1's evaluation started after its checkpoint, and was logged before step 2's weight
+    # update; step 2's likewise, logged before the run ended.
     starts = [i for i, e in enumerate(events) if e == "eval start"]
-    assert starts[1] < events.index("save 1 end") and starts[2] < events.index("save 2 end")
+    assert events.index("save 1 end") < starts[1] and events.index("save 2 end") < starts[2]
     trains = [i for i, e in enumerate(events) if e == "train"]
     assert events.index("log 1") < trains[1] and events[-1] == "log 2"
+    if mode == "sync":  # beside step 2's rollouts: they overlap
+        rollout_2_end = [i for i, e in enumerate(events) if e == "rollout end"][1]
+        assert starts[1] < rollout_2_end < events.index("eval end", starts[1])
     assert [row for row in loop.logger.history] == [
         (0, {"eval/pass@1": 0.25}),
         (1, {"eval/pass@1": 0.5}),

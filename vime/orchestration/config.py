@@ -55,8 +55,8 @@ class RunConfig:
     eval_interval: int = option(
         0,
         help="evaluate on held-out tasks the starting weights and those of every N-th step "
-        "(0: never); each evaluation runs beside the next step's rollouts (after the last "
-        "step, beside its checkpoint) and is logged as a row of its own step",
+        "(0: never); each evaluation runs beside the next step's rollouts and is logged as "
+        "a row of its own step",
     )
     eval_size: int = option(16, help="held-out tasks per evaluation")
     resume: bool = option(False, help="continue from the latest checkpoint in --output-dir")

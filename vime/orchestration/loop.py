@@ -233,8 +233,8 @@ class RLLoop:
     def after_step(
         self, metrics: dict[str, float], groups: list[list[Trajectory]], data_position: int
     ) -> None:
-        """Dumps, logging, checkpoints and exports once a step is done (its evaluation runs
-        beside them: :meth:`_start_eval`)."""
+        """Dumps, logging, checkpoints and exports once a step is done (its evaluation starts
+        after them: :meth:`_start_eval`)."""
         self.state.step += 1
         step = self.state.step
         if self.run.dump_trajectories:
@@ -274,9 +274,9 @@ class RLLoop:
         """Start evaluating the weights the engines hold now, those of ``step``, when due (the
         starting weights, then every ``--eval-interval`` steps) and not logged yet.
 
-        It runs beside what comes next (the next step's rollouts: one engine batch of both
-        keeps a small engine busier than two in turn; after the last step, its checkpoint and
-        export) and :meth:`_log_eval` awaits it before the engines' weights change."""
+        It runs beside the next step's rollouts (one engine batch of both keeps a small engine
+        busier than two in turn), and :meth:`_log_eval` awaits it before the engines' weights
+        change or the run ends."""
         interval = self.run.eval_interval
         if not interval or step % interval or step in self._evaluated:
             return
@@ -374,10 +374,11 @@ class RLLoop:
     async def _finish_step(
         self, metrics: dict[str, float], groups: list, position: int, progress: Any
     ) -> None:
-        # The engines hold this step's weights now: evaluate them beside the checkpoint, the
-        # export and the next step's rollouts.
-        self._start_eval(self.state.step + 1)
         await asyncio.to_thread(self.after_step, metrics, groups, position)
+        # After the checkpoint and export, not beside them: on a CPU box they share the cores
+        # with the engine, whose OpenMP steps then stall (quickstart's last evaluation: 13 s
+        # beside them against 3 s after them).
+        self._start_eval(self.state.step)
         self.step_times.append(
             sum(metrics.get(k, 0.0) for k in ("time/rollout_s", "time/train_s", "time/sync_s"))
         )
