@@ -24,7 +24,7 @@ from vime.orchestration.batching import (
     training_sample_id,
 )
 from vime.orchestration.cluster import Cluster
-from vime.orchestration.metrics_log import MetricsLogger
+from vime.orchestration.metrics_log import MetricsLogger, read_metric_rows
 from vime.orchestration.run_state import (
     RunState,
     RunStateError,
@@ -407,18 +407,8 @@ async def _next_batch(queue: asyncio.Queue, producer: asyncio.Task) -> Any:
 
 
 def _evaluated_steps(path: Path) -> set[int]:
-    """The steps that ``metrics.jsonl`` at ``path`` holds a held-out evaluation of (a line cut
-    short by a crash is skipped)."""
-    steps = set()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and "eval/pass@1" in row and "step" in row:
-                steps.add(int(row["step"]))
-    return steps
+    """The steps that ``metrics.jsonl`` at ``path`` holds a held-out evaluation of."""
+    return {int(r["step"]) for r in read_metric_rows(path) if "eval/pass@1" in r and "step" in r}
 
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:

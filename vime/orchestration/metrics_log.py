@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,21 @@ class MetricsLogger:
         self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def read_metric_rows(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` (none when it does not exist), skipping a line that is
+    not a JSON object: the last one of a run still writing, or cut short by a crash."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            yield row
 
 
 def summary_table(history: list[dict[str, float]], keys: list[str]) -> str:

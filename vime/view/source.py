@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vime.errors import ConfigError
+from vime.orchestration.metrics_log import read_metric_rows
 
 Kind = Literal["train", "eval", "rollout"]
 
@@ -83,7 +84,7 @@ def open_run(path: str | Path, *, tokenizer: str | None = None) -> RunSource:
             f"{path} is not a vime train dir (no metrics.jsonl or trajectories/step_*.jsonl) "
             "nor a vime eval dir (no results.jsonl); give one of those or a rollout JSONL file"
         )
-    history = list(_json_lines(path / "metrics.jsonl"))
+    history = list(read_metric_rows(path / "metrics.jsonl"))
     model = tokenizer or (config.get("run") or {}).get("model")
     return RunSource("train", path, history=history, config=config, files=dumps, tokenizer=model)
 
@@ -95,14 +96,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc})") from None
-
-
-def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
-    if not path.is_file():
-        return
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except ValueError:
-                continue  # the last line of a run still writing
