@@ -405,7 +405,12 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=2, help="sequences per train step")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--megatron-args", default="--use-distributed-optimizer")
+    p.add_argument(
+        "--megatron-args",
+        default="",
+        help="extra Megatron flags for the megatron rows (default none: the trainer's own "
+        "defaults, whose non-distributed optimizer is the one --optimizer-fusion covers)",
+    )
     p.add_argument("--out", default="")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)

@@ -118,7 +118,7 @@ def test_env_kwargs_reach_the_env_factory_as_json() -> None:
         setup_of("--env-kwargs", "{sandbox: docker}")
 
 
-def test_the_weight_sync_writes_the_engines_dtype_not_fp32_masters(tmp_path) -> None:
+def test_the_weight_sync_writes_the_engines_dtype_not_fp32_masters(tmp_path, monkeypatch) -> None:
     import json
 
     from vime.cli.train_cmd import quickstart_configs
@@ -127,7 +127,8 @@ def test_the_weight_sync_writes_the_engines_dtype_not_fp32_masters(tmp_path) -> 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
-    # The quickstart preset: bf16 engines (vllm.dtype), fp32 master weights in the trainer.
+    # The quickstart preset on a bf16 CPU: bf16 engines (vllm.dtype), fp32 master weights.
+    monkeypatch.setattr("vime.hardware.cpu_has_native_bf16", lambda: True)
     quick = build_setup(parse_args(["train", *quickstart_configs([])])).with_model(str(model))
     assert quick.trainer.dtype == "bfloat16" and Cluster(quick, "CPU").sync_dtype == "bfloat16"
     # An fp32 config and no --vllm-dtype: vLLM decides, the sync sends what the trainer has.
@@ -135,3 +136,47 @@ def test_the_weight_sync_writes_the_engines_dtype_not_fp32_masters(tmp_path) -> 
     assert Cluster(plain, "CPU").sync_dtype is None
     explicit = setup_of("--vllm-dtype", "float16").with_model(str(model))
     assert Cluster(explicit, "CPU").sync_dtype == "float16"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_quickstart_computes_in_fp32_on_a_cpu_that_emulates_bf16(
+    native: bool, tmp_path, monkeypatch, capsys
+) -> None:
+    import json
+
+    from vime.cli.train_cmd import quickstart_configs
+    from vime.orchestration.cluster import Cluster
+
+    monkeypatch.setattr("vime.hardware.cpu_has_native_bf16", lambda: native)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+
+    def quickstart(*argv: str):
+        args = parse_args(["train", *quickstart_configs(list(argv)), *argv])
+        return build_setup(args).with_model(str(model))
+
+    want = "bfloat16" if native else "float32"
+    cpu = quickstart("--device", "cpu")
+    assert (cpu.trainer.dtype, Cluster(cpu, "CPU").sync_dtype) == (want, want)
+    assert ("no native bf16 matmul" in capsys.readouterr().err) is not native
+    # A GPU run keeps the preset's bf16, and a dtype on the command line wins over the overlay.
+    assert quickstart("--device", "gpu").trainer.dtype == "bfloat16"
+    asked = quickstart("--device", "cpu", "--dtype", "bfloat16", "--vllm-dtype", "bfloat16")
+    assert (asked.trainer.dtype, Cluster(asked, "CPU").sync_dtype) == ("bfloat16", "bfloat16")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_asked_of_a_cpu_that_emulates_it_is_warned_about(native, monkeypatch, caplog) -> None:
+    from vime.orchestration.run import run_training
+
+    monkeypatch.setattr("vime.hardware.cpu_has_native_bf16", lambda: native)
+    flags = ("--dry-run", "--device", "cpu", "--env", "vime/Math-v0")
+    run_training(setup_of(*flags, "--dtype", "bfloat16", "--vllm-dtype", "bfloat16"))
+    warned = [r.getMessage() for r in caplog.records if "emulate" in r.getMessage()]
+    assert len(warned) == (0 if native else 1)
+    if not native:
+        assert warned[0].startswith("--dtype and --vllm-dtype bfloat16 on a CPU without")
+    caplog.clear()
+    run_training(setup_of(*flags, "--dtype", "float32"))
+    assert not [r for r in caplog.records if "emulate" in r.getMessage()]

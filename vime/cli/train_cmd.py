@@ -15,6 +15,8 @@ PRESETS = Path(__file__).resolve().parents[1] / "orchestration" / "presets"
 QUICKSTART = PRESETS / "quickstart.yaml"
 # Laid over the quickstart when --lora-rank is above 0: LoRA needs its own lr (README).
 QUICKSTART_LORA = PRESETS / "quickstart_lora.yaml"
+# Laid over the quickstart when it runs on a CPU without a native bf16 matmul.
+QUICKSTART_FP32 = PRESETS / "quickstart_fp32.yaml"
 
 # Options that one run-level flag sets for several components (see TrainSetup's views).
 SHARED = {"seed", "model", "hf_checkpoint", "rollout_temperature", "vllm_args", "router_args"}
@@ -28,15 +30,39 @@ RENAMED = {
 
 
 def quickstart_configs(argv: list[str]) -> list[str]:
-    """The ``--config`` flags of ``--quickstart``: the preset, plus its LoRA overlay when
-    ``argv`` asks for LoRA (``--lora-rank`` above 0). Flags in ``argv`` still win."""
+    """The ``--config`` flags of ``--quickstart``: the preset, plus its float32 overlay when
+    the run is on a CPU that only emulates bf16, and its LoRA overlay when ``argv`` asks for
+    LoRA (``--lora-rank`` above 0). Flags in ``argv`` still win."""
+    import sys
+
     from vime.config.passthrough import flag_value
 
     configs = ["--config", str(QUICKSTART)]
+    if _emulates_bf16(flag_value(argv, "--device") or "auto"):
+        print(
+            "vime: this CPU has no native bf16 matmul (AVX-512 BF16 or AMX), so the quickstart "
+            f"computes in float32 ({QUICKSTART_FP32.name}); --dtype overrides",
+            file=sys.stderr,
+        )
+        configs += ["--config", str(QUICKSTART_FP32)]
     rank = flag_value(argv, "--lora-rank")
     if rank is not None and rank.isdigit() and int(rank) > 0:
         configs += ["--config", str(QUICKSTART_LORA)]
     return configs
+
+
+def _emulates_bf16(device: str) -> bool:
+    """Whether a run on ``device`` (``--device``: auto, cpu or gpu) would compute on a CPU
+    without a native bf16 matmul."""
+    from vime.hardware import cpu_has_native_bf16
+
+    if device == "gpu" or cpu_has_native_bf16():
+        return False
+    if device == "cpu":
+        return True
+    from vime.orchestration.cluster import detect_device
+
+    return detect_device() == "CPU"
 
 
 def _config_classes() -> list[tuple[str, type, str]]:

@@ -105,9 +105,31 @@ class _Progress:
         )
 
 
+def _warn_of_emulated_bf16(setup: TrainSetup, device: str) -> None:
+    """bf16 asked of a CPU that only emulates it: the run works, two orders of magnitude slower."""
+    from vime.config.passthrough import flag_value
+    from vime.hardware import cpu_has_native_bf16
+
+    asked = [
+        name
+        for name, value in (
+            ("--dtype", setup.trainer.dtype),
+            ("--vllm-dtype", flag_value(setup.serve.vllm_args, "--dtype")),
+        )
+        if value == "bfloat16"
+    ]
+    if device == "CPU" and asked and not cpu_has_native_bf16():
+        log.warning(
+            "%s bfloat16 on a CPU without a native bf16 matmul (AVX-512 BF16 or AMX): torch and "
+            "vLLM emulate it here, about 100x slower than float32; pass float32",
+            " and ".join(asked),
+        )
+
+
 def run_training(setup: TrainSetup) -> dict[str, Any]:
     """Run (or, with ``--dry-run``, only validate and describe) an RL training run."""
     device = detect_device() if setup.run.device == "auto" else setup.run.device.upper()
+    _warn_of_emulated_bf16(setup, device)
     if setup.run.dry_run:
         _check_env_id(setup.rollout.env_id)
         print(describe(setup, device))
