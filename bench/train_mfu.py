@@ -143,6 +143,7 @@ def build_trainer(
     extra: list[str],
     attn: str = "packed_sdpa",
     trainer_off: tuple[str, ...] = (),
+    weight_copy: bool = False,
 ) -> Any:
     """A random-weight trainer of ``backend`` (or the ``plain`` baseline) for ``model``."""
     import torch
@@ -161,6 +162,7 @@ def build_trainer(
         max_tokens_per_micro_batch=seq_len,
         dtype="bfloat16",
         attn_implementation=attn,
+        bf16_weight_copy=weight_copy,
         **dict.fromkeys(trainer_off, False),
     )
     if backend == "megatron":
@@ -223,6 +225,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             args.megatron_args.split(),
             args.attn,
             tuple(x for x in args.trainer_off.split(",") if x),
+            args.weight_copy,
         )
     batch = make_batch(args.samples, args.seq_len, arch.vocab_size)
     with attention_backends(args.sdpa):
@@ -390,7 +393,8 @@ def main() -> None:
         "--backends",
         default="plain,megatron+export,torch",
         help="comma-separated variants: "
-        "backend[+cudnn][+packN][+masked][+unfused][+no-NAME][+profile][+cprofile][+export]; "
+        "backend[+cudnn][+packN][+masked][+unfused][+no-NAME][+weight-copy][+profile][+cprofile]"
+        "[+export]; "
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
         "cuDNN attention first; packN: N sequences per micro-batch; masked: the torch backend "
         "with transformers' block-masked sdpa instead of packed_sdpa; unfused: megatron without "
@@ -398,8 +402,8 @@ def main() -> None:
         "are on by default on CUDA, and either backend without the output softmax kernels; "
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
         "no-output-softmax, no-hf-rms-norm, no-hf-swiglu and no-hf-rope for the torch backend); "
-        "export: time export_weights; profile: print a kernel profile of one step and the GPU's idle "
-        "gaps; cprofile: print where the host's time goes over three steps)",
+        "weight-copy: the torch backend with --bf16-weight-copy; export: time export_weights; "
+        "profile: print a kernel profile of one step and the GPU's idle gaps; cprofile: print where the host's time goes over three steps)",
     )
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--samples", type=int, default=2, help="sequences per train step")
@@ -421,6 +425,7 @@ def main() -> None:
     p.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--trainer-off", default="", help=argparse.SUPPRESS)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--weight-copy", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--backend", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -447,6 +452,7 @@ def main() -> None:
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
             cmd += [f"--trainer-off={','.join(sorted(set(trainer_off)))}"]
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
+            cmd += ["--weight-copy"] if "weight-copy" in opts else []
             packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
             cmd += [f"--pack={packs[0]}"] if packs else []
             cmd += ["--attn=sdpa"] if "masked" in opts else []

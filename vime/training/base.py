@@ -61,6 +61,15 @@ class TrainerConfig:
         "over the whole packed micro-batch through a block-causal mask",
     )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
+    bf16_weight_copy: bool = option(
+        False,
+        help="torch backend in one process with --dtype bfloat16: forward and backward run on a "
+        "bfloat16 copy of the float32 weights, refreshed after each optimizer step, and each "
+        "weight's gradient is added into its float32 master's as backward finishes it; the "
+        "whole model then computes in bfloat16 (residual stream included), as the inference "
+        "engine does. Off: autocast, which casts every weight per micro-batch and keeps the "
+        "residual stream in float32",
+    )
     hf_rms_norm_fusion: bool = option(
         True,
         help="torch backend: the transformers model's RMSNorm modules (Llama, Qwen2, Qwen3, "
@@ -126,6 +135,12 @@ class TrainerConfig:
         if self.lora_rank > 0 and self.backend != "torch":
             raise ConfigError(
                 f"--lora-rank needs --backend torch; LoRA is not implemented for {self.backend}"
+            )
+        if self.bf16_weight_copy and (self.backend != "torch" or self.dtype == "float32"):
+            raise ConfigError(
+                "--bf16-weight-copy needs --backend torch and --dtype bfloat16 (or auto on a "
+                f"GPU), got --backend {self.backend} --dtype {self.dtype}; the megatron backend "
+                "always keeps bf16 weights with float32 masters"
             )
         decays = self.lr_decay_style != "constant"
         if decays and (self.train_iters is None or self.train_iters <= self.lr_warmup_iters):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import torch
 
     from vime.algorithms.config import LossConfig
+    from vime.training.batch import TrainBatch
+    from vime.training.packing import MicroBatch
 
 
 class TorchTrainer(Trainer):
@@ -51,6 +53,18 @@ class TorchTrainer(Trainer):
         self.compute_dtype = getattr(torch, dtype)
         torch.manual_seed(config.seed + self.rank)
         self.model = self._load_model()
+        self.weight_copy = None
+        if config.bf16_weight_copy:
+            from vime.errors import ConfigError
+            from vime.training.weight_copy import WeightCopy
+
+            if self.compute_dtype != torch.bfloat16 or self.distributed:
+                raise ConfigError(
+                    "--bf16-weight-copy needs --dtype bfloat16 (auto is float32 on the CPU) and "
+                    "one trainer process (FSDP2's mixed-precision policy casts the weights "
+                    f"itself); got dtype {dtype} in {self.world_size} process(es)"
+                )
+            self.weight_copy = WeightCopy(self.model, self.compute_dtype)
         from vime.training.optim import build_optimizer
 
         self.optimizer, self.schedule = build_optimizer(self.model, config)
@@ -119,9 +133,26 @@ class TorchTrainer(Trainer):
     def _autocast(self) -> contextlib.AbstractContextManager:
         import torch
 
-        if self.distributed or self.compute_dtype == torch.float32:
-            return contextlib.nullcontext()  # FSDP2's policy casts, or nothing to cast
+        if self.distributed or self.compute_dtype == torch.float32 or self.weight_copy:
+            return contextlib.nullcontext()  # FSDP2's policy or the copy casts, or no cast
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def _compute_weights(self) -> contextlib.AbstractContextManager:
+        """The modules hold the bf16 weight copy inside (``--bf16-weight-copy``)."""
+        return self.weight_copy.active() if self.weight_copy else contextlib.nullcontext()
+
+    def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """See :meth:`Trainer.compute_logprobs`; on the weight copy when there is one."""
+        with self._compute_weights():
+            return super().compute_logprobs(batch)
+
+    def _forward_backward(
+        self, plan: list[MicroBatch], loss_of: Callable[[MicroBatch], torch.Tensor]
+    ) -> torch.Tensor:
+        # Backward inside too: recomputed activations (--gradient-checkpointing) must see the
+        # weights the forward saw.
+        with self._compute_weights():
+            return super()._forward_backward(plan, loss_of)
 
     def _token_logprobs_and_entropy(
         self, inputs: PackedInputs
@@ -201,6 +232,8 @@ class TorchTrainer(Trainer):
             norm = norm.full_tensor()  # the norm over every rank's shards
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.weight_copy:
+            self.weight_copy.mark_stale()
         return float(norm)
 
     # ---- weights ---------------------------------------------------------------------------
@@ -363,6 +396,8 @@ class TorchTrainer(Trainer):
         )
         self.schedule.load_state_dict(state["schedule"])
         self._weight_version = int(state["weight_version"])
+        if self.weight_copy:
+            self.weight_copy.mark_stale()
         rng_file = directory / f"rng_rank{self.rank}.pt"
         if rng_file.exists():
             ckpt.set_rng_state(ckpt.load_object(rng_file))

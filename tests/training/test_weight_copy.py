@@ -1,0 +1,178 @@
+"""--bf16-weight-copy: the torch trainer's steps run on a bf16 copy of its float32 weights.
+
+The reference is mixed-precision training as Micikevicius et al. (2018) define it: forward and
+backward of a half-precision model, whose gradients are accumulated in float32 and applied to
+float32 master weights. Here that model is the HF model itself cast to bf16, run without
+autocast, in a trainer of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from trainer_data import config, make_batch
+
+from vime.errors import ConfigError
+from vime.training.torch_backend import TorchTrainer
+
+
+def with_copy(model, **overrides) -> TorchTrainer:
+    return TorchTrainer(config(model, dtype="bfloat16", bf16_weight_copy=True, **overrides))
+
+
+def pure_bf16(model, **overrides) -> TorchTrainer:
+    """The reference: the model's own parameters in bf16, no autocast; gradients of each
+    micro-batch summed in float32 (``summed``), the model's own ``.grad`` left empty."""
+    trainer = TorchTrainer(config(model, dtype="bfloat16", **overrides))
+    with torch.no_grad():
+        for p in trainer.model.parameters():  # buffers (RoPE's inv_freq) stay as they are
+            p.data = p.data.to(torch.bfloat16)
+    trainer._autocast = contextlib.nullcontext
+    trainer.summed = {}
+    for name, param in trainer.model.named_parameters():
+        if not param.requires_grad:
+            continue
+
+        def add(p, name=name):
+            total = trainer.summed.get(name)
+            trainer.summed[name] = p.grad.float() if total is None else total + p.grad.float()
+            p.grad = None
+
+        param.register_post_accumulate_grad_hook(add)
+    return trainer
+
+
+def gradients_of_step(trainer: TorchTrainer, batch) -> tuple[dict, dict]:
+    """One train step's metrics and the gradients its optimizer was given (not applied)."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def capture() -> float:
+        for name, p in trainer.model.named_parameters():
+            if p.grad is not None:
+                seen[name] = p.grad.detach().clone()
+        seen.update(getattr(trainer, "summed", {}))
+        trainer.optimizer.zero_grad(set_to_none=True)
+        return 0.0
+
+    trainer._optimizer_step = capture
+    return trainer.train_step(batch), seen
+
+
+@pytest.mark.parametrize("tokens_per_micro_batch", [4096, 64])
+@pytest.mark.parametrize("model", ["tiny_llama", "untied_qwen3"])
+def test_a_step_on_the_copy_is_a_bf16_models_step_with_float32_accumulation(
+    model, tokens_per_micro_batch, request
+):
+    # tiny_llama ties its embeddings (one copy, two modules); 64 tokens: several micro-batches
+    model = request.getfixturevalue(model)
+    batch = make_batch(3, num_samples=6, vocab_size=384)
+    mine = with_copy(model, max_tokens_per_micro_batch=tokens_per_micro_batch)
+    ref = pure_bf16(model, max_tokens_per_micro_batch=tokens_per_micro_batch)
+    got, grads = gradients_of_step(mine, batch)
+    want, ref_grads = gradients_of_step(ref, batch)
+    assert got["num_micro_batches"] == want["num_micro_batches"]
+    assert (tokens_per_micro_batch == 64) == (got["num_micro_batches"] > 1)
+    assert got["loss"] == want["loss"]
+    names = [n for n, _ in mine.model.named_parameters()]
+    assert sorted(grads) == sorted(ref_grads) == sorted(names)
+    for name in names:
+        assert grads[name].dtype == torch.float32
+        assert torch.equal(grads[name], ref_grads[name]), name
+    for a, b in zip(mine.step_logprobs(), ref.step_logprobs(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_weights_stay_float32_masters_and_the_copy_follows_each_step(untied_qwen3):
+    batch = make_batch(4, num_samples=4)
+    mine = with_copy(untied_qwen3)
+    before = mine.compute_logprobs(batch)
+    mine.train_step(make_batch(5, num_samples=4))
+    masters = dict(mine.model.named_parameters())
+    assert {p.dtype for p in masters.values()} == {torch.float32}
+    exported = {n: t for b in mine.export_weights() for n, t in b}
+    assert {t.dtype for t in exported.values()} == {torch.float32}
+    after = mine.compute_logprobs(batch)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    # the copy after the step: the stepped masters rounded to bf16, nothing else
+    ref = pure_bf16(untied_qwen3)
+    with torch.no_grad():
+        for name, p in ref.model.named_parameters():
+            p.copy_(masters[name])
+    for a, b in zip(after, ref.compute_logprobs(batch), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_it_differs_from_autocast_and_stays_close_to_float32(untied_qwen3):
+    batch = make_batch(6, num_samples=4)
+    fp32 = TorchTrainer(config(untied_qwen3)).compute_logprobs(batch)
+    auto = TorchTrainer(config(untied_qwen3, dtype="bfloat16")).compute_logprobs(batch)
+    copy = with_copy(untied_qwen3).compute_logprobs(batch)
+    assert any(not torch.equal(a, b) for a, b in zip(auto, copy, strict=True))
+    for a, b in zip(fp32, copy, strict=True):
+        assert 0 < float((a - b).abs().max()) < 0.5
+
+
+def test_recomputed_activations_see_the_copy(tiny_llama):
+    batch = make_batch(7, num_samples=5)
+    _, plain = gradients_of_step(with_copy(tiny_llama), batch)
+    _, recomputed = gradients_of_step(with_copy(tiny_llama, gradient_checkpointing=True), batch)
+    for name, grad in plain.items():
+        assert torch.equal(grad, recomputed[name]), name
+
+
+def test_a_loaded_checkpoint_refreshes_the_copy(untied_qwen3, tmp_path):
+    batch = make_batch(8, num_samples=4)
+    trained = with_copy(untied_qwen3)
+    trained.train_step(make_batch(9, num_samples=4))
+    trained.save(tmp_path / "ckpt")
+    resumed = with_copy(untied_qwen3)
+    untrained = resumed.compute_logprobs(batch)  # fills the copy from the initial weights
+    resumed.load(tmp_path / "ckpt")
+    loaded = resumed.compute_logprobs(batch)
+    for a, b, c in zip(trained.compute_logprobs(batch), loaded, untrained, strict=True):
+        assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(backend="megatron", dtype="bfloat16"), "needs --backend torch"),
+        (dict(dtype="float32"), "needs --backend torch and --dtype bfloat16"),
+    ],
+)
+def test_configs_it_cannot_serve_are_refused(untied_qwen3, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        config(untied_qwen3, bf16_weight_copy=True, **overrides)
+
+
+def test_auto_dtype_on_the_cpu_is_refused_by_the_trainer(untied_qwen3):
+    with pytest.raises(ConfigError, match=r"auto is float32 on the CPU.*dtype float32"):
+        TorchTrainer(config(untied_qwen3, bf16_weight_copy=True))
+
+
+def test_the_flag_reaches_the_trainer_from_vime_train(untied_qwen3, tmp_path):
+    from vime.cli.main import parse_args
+    from vime.cli.train_cmd import build_setup
+
+    argv = ["train", "--model", str(untied_qwen3), "--env", "vime/Math-v0"]
+    argv += ["--output-dir", str(tmp_path), "--dtype", "bfloat16"]
+    for extra, on in (([], False), (["--bf16-weight-copy"], True)):
+        setup = build_setup(parse_args([*argv, *extra]))
+        assert setup.trainer.bf16_weight_copy is on
+        trainer = TorchTrainer(setup.trainer, setup.loss)
+        assert (trainer.weight_copy is not None) is on
+
+
+def test_lora_trains_its_adapters_on_the_copy_of_the_frozen_base(tiny_llama):
+    batch = make_batch(10, num_samples=5)
+    lora = dict(lora_rank=4, lora_target_modules="q_proj,v_proj")
+    mine = with_copy(tiny_llama, **lora)
+    _, grads = gradients_of_step(mine, batch)
+    _, ref_grads = gradients_of_step(pure_bf16(tiny_llama, **lora), batch)
+    trainable = [n for n, p in mine.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in n for n in trainable)
+    assert sorted(grads) == sorted(ref_grads) == sorted(trainable)
+    for name in trainable:
+        assert torch.equal(grads[name], ref_grads[name]), name
