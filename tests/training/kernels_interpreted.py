@@ -446,6 +446,76 @@ def hf_module_cases(tmp: str) -> dict[str, float]:
     return out
 
 
+def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
+    """--bf16-weight-copy with the hf kernels (as on CUDA) on tiny Qwen3: a train step on the
+    copy against a bf16 replica of the model with the same kernels and float32 accumulation
+    of its gradients. Returns the largest differences and the kernels' forward calls."""
+    import contextlib
+
+    from vime.models.tiny import build_tiny_model
+    from vime.training.base import TrainerConfig
+    from vime.training.batch import TrainBatch, TrainSample
+    from vime.training.kernels import rms_norm, rope, swiglu
+    from vime.training.torch_backend import TorchTrainer
+
+    calls = [0]
+    for cls in (rms_norm._RMSNorm, swiglu._SiluMul, rope._RopeTables):
+
+        def counted(*a, fn=cls.apply):
+            calls[0] += 1
+            return fn(*a)
+
+        cls.apply = counted
+    mask = [0, 0, 0] + [1] * 7
+    batch = TrainBatch([
+        TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30, 11, 2], loss_mask=mask,
+                    advantages=[0.5 * m for m in mask], rollout_logprobs=[-2.0 * m for m in mask]),
+        TrainSample(token_ids=[7, 1, 60, 14, 23, 4], loss_mask=[0, 0, 1, 1, 1, 1],
+                    advantages=[0, 0, -1.0, -1.0, -1.0, -1.0], rollout_logprobs=[0, 0, -1, -1, -1, -1]),
+    ])  # fmt: skip
+    folder = build_tiny_model(os.path.join(tmp, "qwen3"), family="qwen3", seed=1)
+    runs = {}
+    for name in ("copy", "replica"):
+        config = TrainerConfig(hf_checkpoint=str(folder), lr=1e-2, seed=3, dtype="bfloat16",
+                               bf16_weight_copy=name == "copy", max_tokens_per_micro_batch=10)  # fmt: skip
+        trainer = TorchTrainer(config)
+        grads: dict[str, torch.Tensor] = {}
+        if name == "replica":
+            trainer._autocast = contextlib.nullcontext
+            with torch.no_grad():
+                for param in trainer.model.parameters():
+                    param.data = param.data.to(torch.bfloat16)
+            for n, param in trainer.model.named_parameters():
+
+                def add(p, n=n, grads=grads):
+                    g = p.grad.float()
+                    grads[n] = g if n not in grads else grads[n] + g
+                    p.grad = None
+
+                param.register_post_accumulate_grad_hook(add)
+
+        def snapshot(trainer=trainer, grads=grads):
+            named = trainer.model.named_parameters()
+            grads.update({n: p.grad.clone() for n, p in named if p.grad is not None})
+            trainer.optimizer.zero_grad(set_to_none=True)
+            return 0.0
+
+        trainer._optimizer_step = snapshot
+        calls[0] = 0
+        metrics = trainer.train_step(batch)
+        runs[name] = (metrics, grads, calls[0])
+    (m, g, c), (m0, g0, c0) = runs["copy"], runs["replica"]
+    return {
+        "calls": c,
+        "replica_calls": c0,
+        "micro_batches": m["num_micro_batches"],
+        "loss": abs(m["loss"] - m0["loss"]),
+        "same_names": float(sorted(g) == sorted(g0) and len(g) > 0),
+        "grads": max(float((g[k] - g0[k]).abs().max()) for k in g0),
+        "grad_dtypes_fp32": float(all(t.dtype == torch.float32 for t in g.values())),
+    }
+
+
 def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
     return float(((value.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max())
 

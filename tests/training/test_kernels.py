@@ -156,6 +156,14 @@ def test_hf_module_fusions_train_like_transformers_own_modules(tmp_path):
             assert d[f"{key}_grads_rel"] < 2e-5, (key, d)  # every parameter's gradient
 
 
+def test_the_bf16_weight_copy_runs_the_hf_kernels_like_a_bf16_model(tmp_path):
+    d = _interpreted("weight_copy_kernel_cases", str(tmp_path))
+    assert d["micro_batches"] == 2  # gradients accumulate over two micro-batches
+    assert d["calls"] == d["replica_calls"] > 0, d  # the kernels ran on the bf16 copy
+    assert d["same_names"] == 1.0 and d["grad_dtypes_fp32"] == 1.0, d
+    assert d["loss"] == 0.0 and d["grads"] == 0.0, d
+
+
 def test_the_hf_fusion_flags_reach_the_torch_trainers_modules(tiny_llama, tmp_path):
     from transformers.models.llama import modeling_llama
 
