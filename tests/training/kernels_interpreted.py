@@ -369,6 +369,19 @@ def output_softmax_flag_cases(model: str, tmp: str) -> dict[str, float]:
     return out
 
 
+def two_sample_batch() -> TrainBatch:  # noqa: F821 - imported inside
+    """Two short samples (10 and 6 tokens), prompts masked, advantages of both signs."""
+    from vime.training.batch import TrainBatch, TrainSample
+
+    mask = [0, 0, 0] + [1] * 7
+    return TrainBatch([
+        TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30, 11, 2], loss_mask=mask,
+                    advantages=[0.5 * m for m in mask], rollout_logprobs=[-2.0 * m for m in mask]),
+        TrainSample(token_ids=[7, 1, 60, 14, 23, 4], loss_mask=[0, 0, 1, 1, 1, 1],
+                    advantages=[0, 0, -1.0, -1.0, -1.0, -1.0], rollout_logprobs=[0, 0, -1, -1, -1, -1]),
+    ])  # fmt: skip
+
+
 def hf_module_cases(tmp: str) -> dict[str, float]:
     """The torch trainer on tiny Llama, Qwen2 and Qwen3 models (fp32) with each of
     --hf-rms-norm-fusion, --hf-swiglu-fusion and --hf-rope-fusion alone, against all off: logprobs, one train
@@ -376,7 +389,6 @@ def hf_module_cases(tmp: str) -> dict[str, float]:
     kernels (a forward call each)."""
     from vime.models.tiny import build_tiny_model
     from vime.training.base import TrainerConfig
-    from vime.training.batch import TrainBatch, TrainSample
     from vime.training.kernels import rms_norm, rope, swiglu
     from vime.training.torch_backend import TorchTrainer
 
@@ -394,13 +406,7 @@ def hf_module_cases(tmp: str) -> dict[str, float]:
     rms_norm._RMSNorm.apply = counted("rms_norm", norm_apply)
     swiglu._SiluMul.apply = counted("swiglu", mlp_apply)
     rope._RopeTables.apply = counted("rope", rope_apply)
-    mask = [0, 0, 0] + [1] * 7
-    batch = TrainBatch([
-        TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30, 11, 2], loss_mask=mask,
-                    advantages=[0.5 * m for m in mask], rollout_logprobs=[-2.0 * m for m in mask]),
-        TrainSample(token_ids=[7, 1, 60, 14, 23, 4], loss_mask=[0, 0, 1, 1, 1, 1],
-                    advantages=[0, 0, -1.0, -1.0, -1.0, -1.0], rollout_logprobs=[0, 0, -1, -1, -1, -1]),
-    ])  # fmt: skip
+    batch = two_sample_batch()
     out: dict[str, float] = {}
     for family in ("llama", "qwen2", "qwen3"):
         folder = build_tiny_model(os.path.join(tmp, family), family=family, seed=1)
@@ -454,7 +460,6 @@ def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
 
     from vime.models.tiny import build_tiny_model
     from vime.training.base import TrainerConfig
-    from vime.training.batch import TrainBatch, TrainSample
     from vime.training.kernels import rms_norm, rope, swiglu
     from vime.training.torch_backend import TorchTrainer
 
@@ -466,13 +471,7 @@ def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
             return fn(*a)
 
         cls.apply = counted
-    mask = [0, 0, 0] + [1] * 7
-    batch = TrainBatch([
-        TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30, 11, 2], loss_mask=mask,
-                    advantages=[0.5 * m for m in mask], rollout_logprobs=[-2.0 * m for m in mask]),
-        TrainSample(token_ids=[7, 1, 60, 14, 23, 4], loss_mask=[0, 0, 1, 1, 1, 1],
-                    advantages=[0, 0, -1.0, -1.0, -1.0, -1.0], rollout_logprobs=[0, 0, -1, -1, -1, -1]),
-    ])  # fmt: skip
+    batch = two_sample_batch()
     folder = build_tiny_model(os.path.join(tmp, "qwen3"), family="qwen3", seed=1)
     runs = {}
     for name in ("copy", "replica"):
