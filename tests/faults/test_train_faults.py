@@ -1,5 +1,9 @@
 """One case of each fault of bench/faults.py against a real `vime train` (tiny model, CPU).
 
+CI runs the cases not marked ``extended`` (``-m "faults and not extended"``); the extended ones
+(a second mode or a second point of a fault CI covers, and the long waits: a 90 s hung engine, a
+sandbox server down for 30 s) run with ``pytest -m extended``.
+
 Every case asserts the same zeros: no episode lost without a reason, no step trained twice,
 no process left behind, and the run finished (after a ``--resume`` where it had to stop).
 """
@@ -37,6 +41,7 @@ def test_a_corrupted_newest_checkpoint_resumes_from_the_one_before(faults, tmp_p
     check_zeros(o)
 
 
+@pytest.mark.extended
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (needs root)")
 def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(faults, tmp_path):
     o = faults.run_fault("disk full during checkpoint", tmp_path)
@@ -55,7 +60,7 @@ def test_a_driver_killed_while_writing_a_checkpoint_resumes_without_training_twi
     check_zeros(o)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", pytest.param("async", marks=pytest.mark.extended)])
 def test_the_run_survives_an_engine_killed_mid_rollout(faults, tmp_path, mode):
     # In async mode this once left the run idle for good: the batch rolled out while the
     # engine restarted failed every episode, and the driver never heard its producer died.
@@ -72,6 +77,7 @@ def test_the_run_survives_the_router_killed_mid_rollout(faults, tmp_path):
     assert o.extra["steps_at_fault"] < 6 and o.recover_s is not None, o  # 6 steps
 
 
+@pytest.mark.extended
 def test_the_run_survives_a_hung_engine(faults, tmp_path):
     check_zeros(faults.run_fault("engine SIGSTOP 90s", tmp_path))
 
@@ -81,6 +87,7 @@ def test_the_run_survives_a_sandbox_container_killed_mid_tool_call(faults, tmp_p
     check_zeros(faults.run_fault("docker sandbox killed mid-tool-call", tmp_path))
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("fault", ["env reset raises", "env step raises"])
 def test_episodes_of_a_raising_env_fail_with_their_reason_and_the_rest_train(
     faults, tmp_path, fault
@@ -96,6 +103,7 @@ def test_a_grader_past_its_limit_scores_zero_and_is_counted(faults, tmp_path):
     assert o.extra["grader_timeouts"] > 0, o
 
 
+@pytest.mark.extended
 def test_the_run_survives_the_remote_sandbox_server_down_for_30s(faults, tmp_path):
     o = faults.run_fault("remote sandbox server down 30s", tmp_path)
     print(o)

@@ -24,6 +24,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+@pytest.mark.extended  # CI covers the same resume through tests/faults' driver SIGKILL case
 def test_kill_9_mid_step_then_resume_never_trains_a_sample_twice(
     tiny_model, task_file, tmp_path, vime_train
 ):
