@@ -1,8 +1,7 @@
 """One case of each fault of bench/faults.py against a real `vime train` (tiny model, CPU).
 
-CI runs the cases not marked ``extended`` (``-m "faults and not extended"``); the extended ones
-(a second mode or a second point of a fault CI covers, and the long waits: a 90 s hung engine, a
-sandbox server down for 30 s) run with ``pytest -m extended``.
+CI runs the seven cases not marked ``extended`` (``-m "faults and not extended"``), about two
+minutes each on a 2-core box; the other six run with ``pytest -m extended``.
 
 Every case asserts the same zeros: no episode lost without a reason, no step trained twice,
 no process left behind, and the run finished (after a ``--resume`` where it had to stop).
