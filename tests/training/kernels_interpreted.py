@@ -195,8 +195,9 @@ def _adamw_reference(p, g, m, v, h) -> tuple:
 
 def adamw_cases() -> dict[str, float]:
     """The multi-tensor AdamW kernel over three steps against float64 math and torch's AdamW:
-    tensors smaller and larger than a block, odd sizes, a scaled (clipped) gradient, weight
-    decay, and the bf16 model copy (one rounding of the new fp32 master)."""
+    tensors smaller and larger than a block, odd sizes, a gradient scaled (clipped) by a float
+    and by a one-element tensor, weight decay, and the bf16 model copy (one rounding of the
+    new fp32 master)."""
     from vime.training.kernels import adamw
 
     assert adamw.BLOCK == 4096
@@ -224,8 +225,11 @@ def adamw_cases() -> dict[str, float]:
     out: dict[str, float] = {}
     for step in (1, 2, 3):
         grads = [torch.randn(p.shape, generator=gen) * 10 ** (step - 2) for p in params]
+        # Step 2 scales by a float, step 3 by a device tensor the kernel reads (a clip factor
+        # computed on the GPU).
+        scale = {1: 1.0, 2: 0.5, 3: torch.tensor([0.25])}[step]
         h = adamw.AdamWHyper(lr=0.01, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-                             step=step, grad_scale=0.5 if step == 2 else 1.0)  # fmt: skip
+                             step=step, grad_scale=scale)  # fmt: skip
         adamw.adamw_step(params, grads, m, v, models, h)
         ref = [_adamw_reference(*r[:1], gr, *r[1:], h) for r, gr in zip(ref, grads, strict=True)]
         for tp, gr in zip(torch_params, grads, strict=True):

@@ -97,15 +97,17 @@ def test_adamw_kernel_compiles_for_the_h200_with_vector_loads():
     from vime.training.kernels.adamw import BLOCK, _adamw_kernel
 
     ints = {"pointers": "*i64", "n": "i32", "sizes": "*i64", "block_tensor": "*i32",
-            "block_start": "*i64"}  # fmt: skip
+            "block_start": "*i64", "scale_ptr": "*fp32"}  # fmt: skip
     floats = ("lr", "weight_decay", "beta1", "beta2", "eps", "bc1", "bc2_sqrt", "grad_scale")
-    consts = ("WRITE_MODEL", "MODEL_DTYPE", "ALIGNED", "BLOCK")
+    consts = ("WRITE_MODEL", "MODEL_DTYPE", "ALIGNED", "SCALE_IN_MEMORY", "BLOCK")
     signature = {**ints, **dict.fromkeys(floats, "fp32"), **dict.fromkeys(consts, "constexpr")}
     vectors = {}
     for aligned in (True, False):
         for write_model, dtype in ((True, 0), (True, 1), (False, 0)):
+            # the clip factor read from memory in the bf16 case, a float argument elsewhere
+            in_memory = write_model and dtype == 0
             constants = {"WRITE_MODEL": write_model, "MODEL_DTYPE": dtype, "ALIGNED": aligned,
-                         "BLOCK": BLOCK}  # fmt: skip
+                         "SCALE_IN_MEMORY": in_memory, "BLOCK": BLOCK}  # fmt: skip
             src = ASTSource(fn=_adamw_kernel, signature=signature, constexprs=constants)
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
             assert compiled.asm["cubin"]
@@ -253,6 +255,14 @@ def test_adamw_falls_back_to_the_same_math_and_refuses_bad_input():
     # step 1: m_hat = g, v_hat = g^2, so the update is lr * sign(g) (0 where g is 0)
     expected = torch.tensor([1.0 * 0.95 - 0.1 * 0.5 / (0.5 + 1e-8), -2.0 * 0.95])
     assert torch.allclose(p, expected, atol=1e-6) and torch.equal(w, p.bfloat16())
+    # a clip factor as a one-element tensor: the same math as the float
+    p2, m2, v2 = torch.tensor([1.0, -2.0]), torch.zeros(2), torch.zeros(2)
+    scaled = AdamWHyper(0.1, 0.5, 0.9, 0.99, 1e-8, step=1, grad_scale=torch.tensor([0.5]))
+    adamw_step([p2], [g * 2], [m2], [v2], None, scaled)
+    assert torch.allclose(p2, expected, atol=1e-6) and torch.allclose(m2, m)
+    with pytest.raises(ValueError, match="grad_scale as a tensor must be one fp32 value"):
+        adamw_step([p], [g], [m], [v], None, AdamWHyper(0.1, 0.0, 0.9, 0.99, 1e-8, step=2,
+                   grad_scale=torch.tensor([0.5, 0.5])))  # fmt: skip
     with pytest.raises(ValueError, match="step counts from 1"):
         adamw_step([p], [g], [m], [v], None, AdamWHyper(0.1, 0.0, 0.9, 0.99, 1e-8, step=0))
     with pytest.raises(ValueError, match=r"grad 0 has shape \(3,\), its param \(2,\)"):

@@ -222,9 +222,10 @@ class Trainer(abc.ABC):
         whatever else the parallel layout needs, so every rank holds the full step gradient."""
 
     @abc.abstractmethod
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self) -> float | torch.Tensor:
         """Clip to ``config.clip_grad`` (0: no clipping), update the weights at the learning
-        rate the schedule set, and return the global gradient norm before clipping."""
+        rate the schedule set, and return the global gradient norm before clipping (a float,
+        or a scalar device tensor that train_step reads after queueing the rest)."""
 
     # ---- the step algorithm ----------------------------------------------------------------
 

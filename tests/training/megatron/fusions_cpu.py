@@ -153,15 +153,21 @@ def optimizer_run(
     """``steps`` Megatron train steps on CPU (clipping active: --clip-grad 0.05 is below the
     gradient norms here); with ``load``, from that checkpoint; with ``save_after`` N, saved
     after step N into ``load``'s folder. Returns each step's loss and grad norm, the masters,
-    the model weights, torch's AdamW states and how often the fused kernel launched."""
+    the model weights, torch's AdamW states, how often the fused kernel launched and how often
+    megatron-core's host-read gradient norm ran."""
+    from megatron.core.optimizer import optimizer as megatron_optimizer
     from megatron_cpu import cpu_shim, signed_batch
 
     from vime.training.base import TrainerConfig
     from vime.training.kernels import adamw
     from vime.training.megatron.trainer import MegatronTrainer
 
-    launches = {"adamw": 0}
+    launches = {"adamw": 0, "host_norm": 0}
     adamw._launch = _counted(adamw._launch, launches, "adamw")
+    # megatron-core's norm, which reads the norm back to the host before the update
+    megatron_optimizer.get_grad_norm_fp32 = _counted(
+        megatron_optimizer.get_grad_norm_fp32, launches, "host_norm"
+    )
     g = torch.Generator().manual_seed(11)
     batch = signed_batch([torch.randint(0, 96, (n,), generator=g).tolist() for n in (15, 9, 12)])
     with cpu_shim():
@@ -192,5 +198,6 @@ def optimizer_run(
         "weights": weights,
         "states": states,
         "launches": launches["adamw"],
+        "host_norms": launches["host_norm"],
         "fused": trainer._fused_optimizer,
     }

@@ -132,6 +132,8 @@ def test_fused_optimizer_steps_like_megatrons_own(tiny_models, monkeypatch, fami
     fused = spawn(optimizer_run, 1, folder, ["--optimizer-fusion"], 3, backend="gloo")[0]
     assert (base["fused"], fused["fused"]) == (False, True)
     assert (base["launches"], fused["launches"]) == (0, 3 * 2)  # a step: decay, no-decay group
+    # the fused step's norm and clip factor stay on the device: no host read before the update
+    assert (base["host_norms"], fused["host_norms"]) == (3, 0)
     assert all(norm > 0.05 for _, norm in base["metrics"])  # clipping scaled every step
     for (loss, norm), (loss_f, norm_f) in zip(base["metrics"], fused["metrics"], strict=True):
         assert loss_f == pytest.approx(loss, abs=1e-6) and norm_f == pytest.approx(norm, rel=1e-5)
@@ -150,7 +152,7 @@ def test_fused_optimizer_under_tensor_parallelism_steps_like_megatrons_own(
     tiny_models, monkeypatch
 ):
     """TP=2 over gloo: each rank's shards step as megatron's own step does (the clipping uses
-    the norm over both ranks)."""
+    the norm over both ranks, summed on the device)."""
     from fusions_cpu import optimizer_run
 
     _interpreted(monkeypatch)
@@ -159,6 +161,7 @@ def test_fused_optimizer_under_tensor_parallelism_steps_like_megatrons_own(
     fused = spawn(optimizer_run, 2, folder, ["--optimizer-fusion", *tp], 2, backend="gloo")
     for rank in range(2):
         assert fused[rank]["launches"] == 2 * 2 and fused[rank]["fused"]
+        assert (base[rank]["host_norms"], fused[rank]["host_norms"]) == (2, 0)
         for (loss, norm), (loss_f, norm_f) in zip(
             base[rank]["metrics"], fused[rank]["metrics"], strict=True
         ):

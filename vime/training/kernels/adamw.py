@@ -45,7 +45,9 @@ class AdamWHyper:
     beta2: float
     eps: float
     step: int
-    grad_scale: float = 1.0
+    # A float, or a one-element fp32 tensor on the parameters' device that the kernel reads
+    # itself: a clipping factor computed on the GPU needs no host read before the step.
+    grad_scale: float | torch.Tensor = 1.0
 
 
 def adamw_step(
@@ -57,9 +59,10 @@ def adamw_step(
     hyper: AdamWHyper,
 ) -> None:
     """Update fp32 ``params`` and their moments in place from fp32 ``grads`` (scaled by
-    ``hyper.grad_scale`` on the fly, not in memory), and write each result, rounded, into the
-    matching ``model_params`` tensor when given (all bf16, or all fp16). One Triton launch on CUDA (or under Triton's
-    interpreter); the same math in torch elsewhere."""
+    ``hyper.grad_scale``, a float or a one-element device tensor, on the fly), and write each
+    result, rounded, into the matching ``model_params`` tensor when given (all bf16, or all
+    fp16). One Triton launch on CUDA (or under Triton's interpreter); the same math in torch
+    elsewhere."""
     lists = [params, grads, exp_avgs, exp_avg_sqs] + ([model_params] if model_params else [])
     _check(lists, hyper)
     if not params:
@@ -70,9 +73,24 @@ def adamw_step(
         _torch_step(params, grads, exp_avgs, exp_avg_sqs, model_params, hyper)
 
 
+def _scales(grad_scale: float | torch.Tensor) -> bool:
+    """Whether ``grad_scale`` may change a gradient (a tensor's value is not read here)."""
+    return isinstance(grad_scale, torch.Tensor) or grad_scale != 1.0
+
+
 def _check(lists: list[list[torch.Tensor]], hyper: AdamWHyper) -> None:
     if hyper.step < 1:
         raise ValueError(f"AdamW step counts from 1, got {hyper.step}")
+    scale, first = hyper.grad_scale, lists[0][0] if lists[0] else None
+    if (
+        isinstance(scale, torch.Tensor)
+        and first is not None
+        and (scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != first.device)
+    ):
+        raise ValueError(
+            f"AdamW grad_scale as a tensor must be one fp32 value on {first.device}; "
+            f"got {scale.dtype}, {scale.numel()} elements, on {scale.device}"
+        )
     if len({len(x) for x in lists}) != 1:
         raise ValueError(f"AdamW tensor lists differ in length: {[len(x) for x in lists]}")
     names = ("param", "grad", "exp_avg", "exp_avg_sq", "model param")
@@ -97,7 +115,7 @@ def _torch_step(params, grads, exp_avgs, exp_avg_sqs, model_params, h: AdamWHype
     bc1 = 1.0 - h.beta1**h.step
     bc2_sqrt = (1.0 - h.beta2**h.step) ** 0.5
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
-        g = g * h.grad_scale if h.grad_scale != 1.0 else g
+        g = g * h.grad_scale if _scales(h.grad_scale) else g
         m.mul_(h.beta1).add_(g, alpha=1.0 - h.beta1)
         v.mul_(h.beta2).addcmul_(g, g, value=1.0 - h.beta2)
         p.mul_(1.0 - h.lr * h.weight_decay)
@@ -161,12 +179,14 @@ def _launch(lists: list[list[torch.Tensor]], h: AdamWHyper) -> None:
     write_model = len(lists) == 5
     model_dtype = _MODEL_DTYPES[lists[4][0].dtype] if write_model else 0
     programs = plan.block_tensor.numel()
+    in_memory = isinstance(h.grad_scale, torch.Tensor)
     _adamw_kernel[(programs,)](
         plan.pointers, n, plan.sizes, plan.block_tensor, plan.block_start,
         h.lr, h.weight_decay, h.beta1, h.beta2, h.eps,
-        1.0 - h.beta1**h.step, (1.0 - h.beta2**h.step) ** 0.5, h.grad_scale,
-        WRITE_MODEL=write_model, MODEL_DTYPE=model_dtype, ALIGNED=plan.aligned, BLOCK=BLOCK,
-        num_warps=8,
+        1.0 - h.beta1**h.step, (1.0 - h.beta2**h.step) ** 0.5,
+        1.0 if in_memory else h.grad_scale, h.grad_scale if in_memory else lists[0][0],
+        WRITE_MODEL=write_model, MODEL_DTYPE=model_dtype, ALIGNED=plan.aligned,
+        SCALE_IN_MEMORY=in_memory, BLOCK=BLOCK, num_warps=8,
     )  # fmt: skip
 
 
@@ -175,11 +195,13 @@ if triton is not None:
     @triton.jit
     def _adamw_kernel(
         pointers, n, sizes, block_tensor, block_start,
-        lr, weight_decay, beta1, beta2, eps, bc1, bc2_sqrt, grad_scale,
+        lr, weight_decay, beta1, beta2, eps, bc1, bc2_sqrt, grad_scale, scale_ptr,
         WRITE_MODEL: tl.constexpr, MODEL_DTYPE: tl.constexpr, ALIGNED: tl.constexpr,
-        BLOCK: tl.constexpr,
+        SCALE_IN_MEMORY: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
+        if SCALE_IN_MEMORY:  # a clipping factor the GPU computed: read here, not on the host
+            grad_scale = tl.load(scale_ptr)
         t = tl.load(block_tensor + pid)
         start = tl.multiple_of(tl.load(block_start + pid), BLOCK)
         size = tl.load(sizes + t)

@@ -375,14 +375,14 @@ class MegatronTrainer(Trainer):
         # of replicated weights that see only their rank's heads (Qwen3's q/k norms).
         finalize_model_grads([self.model])
 
-    def _optimizer_step(self) -> float:
-        if self._fused_optimizer:
+    def _optimizer_step(self) -> float | torch.Tensor:
+        if self._fused_optimizer:  # the norm stays on the device: train_step reads it last
             ok, grad_norm = fused_step(self.optimizer)
         else:
             ok, grad_norm, _ = self.optimizer.step()  # clips to --clip-grad itself
         if not ok:
             raise RuntimeError("the Megatron optimizer skipped the step (non-finite gradients)")
-        return float(grad_norm)
+        return grad_norm
 
     # ---- weights ---------------------------------------------------------------------------
 
