@@ -16,8 +16,9 @@ megatron runs also time ``export_weights`` into pinned CPU memory.
 
 On the device machine: install the carried wheels (megatron-core and its pure-Python needs)
 into a folder on PYTHONPATH with the checkout, and link envs/, agents/ and sandboxes/ as
-vime/envs etc. (the package layout setup.py maps); run ``../shared/bench/hf_train_baseline.py``
-(carried as an untracked copy) in the same call for the reference baseline.
+vime/envs etc. (the package layout setup.py maps); ``--reference PATH`` runs
+``../shared/bench/hf_train_baseline.py`` (carried as an untracked copy) first in the same run,
+as the ``reference`` rows and the ``x ref`` column.
 """
 
 from __future__ import annotations
@@ -207,6 +208,51 @@ def export_rate(trainer: Any) -> dict[str, float]:
         out[label] = total / (time.perf_counter() - start) / 1e9
         out["export_gb"] = total / 1e9
     return out
+
+
+# The workload the reference script measures (its own constants): every row must match it.
+REFERENCE_SEQ_LEN, REFERENCE_SAMPLES = 4096, 2
+
+
+def reference_rows(script: str, models: list[str], rate: float) -> list[dict[str, Any]]:
+    """Run the reference training loop (``../shared/bench/hf_train_baseline.py``) in its own
+    process, as the first rows of this run: one ``reference`` row per model of ``models`` it
+    measured, or one failed row with its error output."""
+    from qwen3_shapes import qwen3_config
+
+    from vime.training.megatron.arch import arch_from_hf_config
+
+    path = Path(script).resolve()
+    if not path.is_file():
+        raise SystemExit(f"--reference {script}: no such file")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "OUT": tmp}
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                              env=env, cwd=tmp)  # fmt: skip
+        print(proc.stdout, end="", flush=True)
+        found = Path(tmp) / "hf_train_baseline.json"
+        if proc.returncode or not found.is_file():
+            error = proc.stderr[-3000:] or f"{path.name} wrote no hf_train_baseline.json"
+            print(f"reference FAILED:\n{error}", flush=True)
+            return [{"model": m, "backend": "reference", "variant": "reference", "error": error}
+                    for m in models]  # fmt: skip
+        measured = json.loads(found.read_text())
+    rows = []
+    for model in models:
+        if model not in measured:
+            print(f"reference: {path.name} does not measure {model}", flush=True)
+            continue
+        arch = arch_from_hf_config(qwen3_config(model))
+        tps = measured[model]["tokens_per_s"]
+        tflops = flops_per_token(arch, REFERENCE_SEQ_LEN) * tps / 1e12
+        rows.append({
+            "model": model, "backend": "reference", "variant": "reference",
+            "params_b": measured[model]["params_b"], "tokens_per_s": tps, "tflops": tflops,
+            "peak_gb": measured[model]["peak_gb"], "mfu_measured": tflops / rate,
+            "mfu_790": tflops / 790.0, "wall_s": time.perf_counter() - started,
+        })  # fmt: skip
+    return rows
 
 
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
@@ -415,6 +461,13 @@ def main() -> None:
         help="extra Megatron flags for the megatron rows (default none: the trainer's own "
         "defaults, whose non-distributed optimizer is the one --optimizer-fusion covers)",
     )
+    p.add_argument(
+        "--reference",
+        default="",
+        help="path of the reference loop ../shared/bench/hf_train_baseline.py: run it first, in "
+        "its own process, as the reference rows and the x ref column (needs --seq-len 4096 "
+        "--samples 2, its workload)",
+    )
     p.add_argument("--out", default="")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)
@@ -432,9 +485,15 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(run_child(args)), flush=True)
         return
+    if args.reference and (args.seq_len, args.samples) != (REFERENCE_SEQ_LEN, REFERENCE_SAMPLES):
+        raise SystemExit(
+            f"--reference measures {REFERENCE_SAMPLES} sequences of {REFERENCE_SEQ_LEN} tokens a "
+            f"step; this run asks for {args.samples} of {args.seq_len} (drop --reference, or "
+            f"use --seq-len {REFERENCE_SEQ_LEN} --samples {REFERENCE_SAMPLES})"
+        )
     rate = matmul_tflops()
     print(f"bf16 matmul 8192^3: {rate:.0f} TFLOP/s (reference 790)", flush=True)
-    rows = []
+    rows = reference_rows(args.reference, args.models.split(","), rate) if args.reference else []
     for model in args.models.split(","):
         for variant in args.backends.split(","):
             backend, *opts = variant.split("+")
@@ -473,13 +532,14 @@ def main() -> None:
                 print(f"{model} {variant}: {json.dumps(row)}", flush=True)
             row["wall_s"] = time.perf_counter() - started
             rows.append(row)
-    baseline = {r["model"]: r for r in rows if r.get("backend") == "plain" and "error" not in r}
-    for r in rows:
-        if "error" not in r and r["model"] in baseline:
-            r["vs_plain"] = r["tokens_per_s"] / baseline[r["model"]]["tokens_per_s"]
+    for key, backend in (("vs_plain", "plain"), ("vs_reference", "reference")):
+        base = {r["model"]: r for r in rows if r.get("backend") == backend and "error" not in r}
+        for r in rows:
+            if "error" not in r and r["model"] in base:
+                r[key] = r["tokens_per_s"] / base[r["model"]]["tokens_per_s"]
     print(
         f"\n{'model':14} {'variant':16} {'tok/s':>8} {'TFLOP/s':>8} {'MFU@790':>8} "
-        f"{'MFU@meas':>8} {'peak GB':>8} {'x plain':>8} {'export GB/s':>11}"
+        f"{'MFU@meas':>8} {'peak GB':>8} {'x plain':>8} {'x ref':>8} {'export GB/s':>11}"
     )
     for r in rows:
         if "error" in r:
@@ -487,10 +547,11 @@ def main() -> None:
             continue
         exp = f"{r['export_gbps']:.1f}" if "export_gbps" in r else "-"
         ratio = f"{r['vs_plain']:.2f}x" if "vs_plain" in r else "-"
+        ref = f"{r['vs_reference']:.2f}x" if "vs_reference" in r else "-"
         print(
             f"{r['model']:14} {r['variant']:16} {r['tokens_per_s']:8.0f} {r['tflops']:8.0f} "
             f"{r['mfu_790']:8.1%} {r['mfu_measured']:8.1%} {r['peak_gb']:8.1f} {ratio:>8} "
-            f"{exp:>11}"
+            f"{ref:>8} {exp:>11}"
         )
     if args.out:
         Path(args.out).write_text(json.dumps({"matmul_tflops": rate, "runs": rows}, indent=2))
