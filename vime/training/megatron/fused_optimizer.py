@@ -99,7 +99,7 @@ def _no_overflow(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int, device=device)
 
 
-def _step_part(part: Any, grad_scale: float) -> None:
+def _step_part(part: Any, grad_scale: float | torch.Tensor) -> None:
     inner: torch.optim.AdamW = part.optimizer
     model_of = {  # megatron's FP32Optimizer (no --bf16) has no copies: its params are the masters
         id(main): model
