@@ -210,6 +210,13 @@ def export_rate(trainer: Any) -> dict[str, float]:
     return out
 
 
+def with_mfu(row: dict[str, Any], rate: float) -> dict[str, Any]:
+    """``row`` with its MFU against the measured matmul ``rate`` and against 790 TFLOP/s."""
+    row["mfu_measured"] = row["tflops"] / rate
+    row["mfu_790"] = row["tflops"] / 790.0
+    return row
+
+
 # The workload the reference script measures (its own constants): every row must match it.
 REFERENCE_SEQ_LEN, REFERENCE_SAMPLES = 4096, 2
 
@@ -246,12 +253,11 @@ def reference_rows(script: str, models: list[str], rate: float) -> list[dict[str
         arch = arch_from_hf_config(qwen3_config(model))
         tps = measured[model]["tokens_per_s"]
         tflops = flops_per_token(arch, REFERENCE_SEQ_LEN) * tps / 1e12
-        rows.append({
+        rows.append(with_mfu({
             "model": model, "backend": "reference", "variant": "reference",
             "params_b": measured[model]["params_b"], "tokens_per_s": tps, "tflops": tflops,
-            "peak_gb": measured[model]["peak_gb"], "mfu_measured": tflops / rate,
-            "mfu_790": tflops / 790.0, "wall_s": time.perf_counter() - started,
-        })  # fmt: skip
+            "peak_gb": measured[model]["peak_gb"], "wall_s": time.perf_counter() - started,
+        }, rate))  # fmt: skip
     return rows
 
 
@@ -526,9 +532,7 @@ def main() -> None:
                 row = {"model": model, "backend": variant, "error": proc.stderr[-3000:]}
                 print(f"{model} {backend} FAILED:\n{proc.stderr[-3000:]}", flush=True)
             else:
-                row = json.loads(found[-1][len("RESULT ") :])
-                row["mfu_measured"] = row["tflops"] / rate
-                row["mfu_790"] = row["tflops"] / 790.0
+                row = with_mfu(json.loads(found[-1][len("RESULT ") :]), rate)
                 print(f"{model} {variant}: {json.dumps(row)}", flush=True)
             row["wall_s"] = time.perf_counter() - started
             rows.append(row)
