@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 UNFUSED = (
     " --no-bias-swiglu-fusion --no-rope-fusion --no-gradient-accumulation-fusion"
-    " --no-rms-norm-fusion --no-optimizer-fusion"
+    " --no-rms-norm-fusion --no-optimizer-fusion --no-qk-norm-rope-fusion"
 )
 
 
@@ -450,9 +450,10 @@ def main() -> None:
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
         "cuDNN attention first; packN: N sequences per micro-batch; masked: the torch backend "
         "with transformers' block-masked sdpa instead of packed_sdpa; unfused: megatron without "
-        "its SwiGLU, RoPE, weight-gradient accumulation, RMSNorm and optimizer fusions, which "
-        "are on by default on CUDA, and either backend without the output softmax kernels; "
+        "its SwiGLU, RoPE, weight-gradient accumulation, RMSNorm, optimizer and query/key "
+        "norm + RoPE fusions, which are on by default on CUDA, and either backend without the output softmax kernels; "
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
+        "no-qk-norm-rope, "
         "no-output-softmax, no-hf-rms-norm, no-hf-swiglu and no-hf-rope for the torch backend); "
         "weight-copy: the torch backend with --bf16-weight-copy; export: time export_weights; "
         "profile: print a kernel profile of one step and the GPU's idle gaps; cprofile: print where the host's time goes over three steps)",

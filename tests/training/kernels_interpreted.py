@@ -132,6 +132,123 @@ def rope_cases() -> dict[str, float]:
     return out
 
 
+def _qk_reference(mixed, per_group, qw, kw, eps, angles, pos):
+    """Float64 query, key, value from a QKV projection's output: the per-head RMSNorm of the
+    query and key (when weights are given), then RoPE of non-interleaved halves."""
+    tokens, groups, _ = mixed.shape
+    dim = angles.shape[1]
+    x = mixed.double()
+    q = x[..., : per_group * dim].reshape(tokens, groups * per_group, dim)
+    k = x[..., per_group * dim : (per_group + 1) * dim]
+    v = x[..., (per_group + 1) * dim :]
+    if qw is not None:
+        q, k = _rms_reference(q, qw, eps), _rms_reference(k, kw, eps)
+    a = angles.double()[pos][:, None, :]
+    c, s = a.cos(), a.sin()
+    half = dim // 2
+
+    def rotate(t):
+        t1, t2 = t[..., :half], t[..., half:]
+        return torch.cat((t1 * c[..., :half] - t2 * s[..., :half],
+                          t2 * c[..., half:] + t1 * s[..., half:]), dim=-1)  # fmt: skip
+
+    return rotate(q), rotate(k), v
+
+
+def qk_norm_rope_cases() -> dict[str, float]:
+    """The query/key norm + RoPE kernels against float64 math (fp32 storage), and against the
+    unfused kernels' composition (bf16 storage): groups and heads that are not powers of two,
+    a padded head width, a group stride wider than the group, with and without norms, packed
+    positions, fewer tokens than a whole number of backward programs, and an output that takes
+    no gradient."""
+    from vime.training.kernels import qk_norm_rope, rope
+    from vime.training.kernels.rms_norm import rms_norm
+
+    g = torch.Generator().manual_seed(3)
+    out: dict[str, float] = {}
+    launches = {"forward": 0, "backward": 0}
+    fwd, bwd = qk_norm_rope._kernels()
+
+    class Counted:
+        def __init__(self, kernel, key):
+            self.kernel, self.key = kernel, key
+
+        def __getitem__(self, grid):
+            launches[self.key] += 1
+            return self.kernel[grid]
+
+    qk_norm_rope._kernels = lambda: (Counted(fwd, "forward"), Counted(bwd, "backward"))
+    cases = {
+        "qwen3": (10, 3, 2, 16, True),  # tokens, groups, query heads per group, dim, norms
+        "padded_dim": (7, 2, 3, 12, True),
+        "no_norm": (10, 3, 2, 16, False),
+    }
+    for name, (tokens, groups, per_group, dim, norm) in cases.items():
+        width = (per_group + 2) * dim
+        storage = torch.randn(tokens, groups, width + 5, generator=g) * 3
+        mixed = storage[..., :width]  # a group stride of width + 5
+        angles = torch.rand(24, dim, generator=g) * 6
+        qw = torch.randn(dim, generator=g) if norm else None
+        kw = torch.randn(dim, generator=g) if norm else None
+        dq = torch.randn(tokens, groups * per_group, dim, generator=g)
+        dk = torch.randn(tokens, groups, dim, generator=g)
+        dv = torch.randn(tokens, groups, dim, generator=g)
+        for pos_name, pos in (
+            ("index", None),
+            ("packed", torch.tensor([i % 4 for i in range(tokens)])),
+        ):
+            leaves = [t.clone().requires_grad_() if t is not None else None
+                      for t in (mixed, qw, kw)]  # fmt: skip
+            q, k, v = qk_norm_rope.split_norm_rope(leaves[0], per_group, leaves[1], leaves[2],
+                                                   1e-6, angles, pos)  # fmt: skip
+            ((q * dq).sum() + (k * dk).sum() + (v * dv).sum()).backward()
+            ref_leaves = [t.double().requires_grad_() if t is not None else None
+                          for t in (mixed, qw, kw)]  # fmt: skip
+            positions = torch.arange(tokens) if pos is None else pos
+            rq, rk, rv = _qk_reference(ref_leaves[0], per_group, ref_leaves[1], ref_leaves[2],
+                                       1e-6, angles, positions)  # fmt: skip
+            ((rq * dq).sum() + (rk * dk).sum() + (rv * dv).sum()).backward()
+            key = f"{name}_{pos_name}"
+            for part, got, want in (("q", q, rq), ("k", k, rk), ("v", v, rv)):
+                out[f"{key}_{part}"] = float((got.detach().double() - want).abs().max())
+            out[f"{key}_dmixed"] = float((leaves[0].grad.double() - ref_leaves[0].grad).abs().max())
+            if norm:
+                for i, w in ((1, "dqw"), (2, "dkw")):
+                    exact = ref_leaves[i].grad
+                    diff = (leaves[i].grad.double() - exact).abs().max()
+                    out[f"{key}_{w}_rel"] = float(diff / exact.abs().max())
+            out[f"{key}_changed"] = float((rq - ref_leaves[0][..., : per_group * dim]
+                                           .reshape(rq.shape)).abs().max())  # fmt: skip
+        # The value takes no gradient: its part of the input's gradient is zero.
+        leaf = mixed.clone().requires_grad_()
+        q, k, _ = qk_norm_rope.split_norm_rope(leaf, per_group, qw, kw, 1e-6, angles, None)
+        ((q * dq).sum() + (k * dk).sum()).backward()
+        out[f"{name}_no_dv_value_grad"] = float(leaf.grad[..., (per_group + 1) * dim :].abs().max())
+    # bf16 storage: the unfused kernels (rms_norm, then rope) in the same dtype.
+    tokens, groups, per_group, dim = 9, 2, 2, 16
+    mixed = torch.randn(tokens, groups, (per_group + 2) * dim, generator=g).bfloat16()
+    angles = torch.rand(16, dim, generator=g) * 6
+    qw, kw = torch.randn(dim, generator=g).bfloat16(), torch.randn(dim, generator=g).bfloat16()
+    dq = torch.randn(tokens, groups * per_group, dim, generator=g).bfloat16()
+    dk = torch.randn(tokens, groups, dim, generator=g).bfloat16()
+    leaf = mixed.clone().requires_grad_()
+    q, k, _ = qk_norm_rope.split_norm_rope(leaf, per_group, qw, kw, 1e-6, angles, None)
+    ((q.float() * dq.float()).sum() + (k.float() * dk.float()).sum()).backward()
+    ref = mixed.clone().requires_grad_()
+    rq = ref[..., : per_group * dim].reshape(tokens, groups * per_group, dim)
+    rk = ref[..., per_group * dim : (per_group + 1) * dim]
+    rq = rope.rotate(rms_norm(rq, qw, 1e-6), angles, None)
+    rk = rope.rotate(rms_norm(rk, kw, 1e-6), angles, None)
+    ((rq.float() * dq.float()).sum() + (rk.float() * dk.float()).sum()).backward()
+    for name, got, want in (("q", q, rq), ("k", k, rk), ("dmixed", leaf.grad, ref.grad)):
+        scale = want.detach().float().abs().max()
+        out[f"bf16_{name}_rel"] = float(
+            (got.detach().float() - want.detach().float()).abs().max() / scale
+        )
+    out.update(launches)
+    return out
+
+
 def swiglu_cases() -> dict[str, float]:
     """SwiGLU and its gradient against float64 math (fp32 and bf16 inputs); widths over one
     block, odd rows, 3-D input."""

@@ -243,6 +243,65 @@ def test_the_hf_module_kernels_compile_for_the_h200(backward):
         assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 
 
+def test_qk_norm_rope_kernels_equal_the_unfused_math():
+    d = _interpreted("qk_norm_rope_cases")
+    # 3 shapes x (2 position kinds + the run without a value gradient) + the bf16 run
+    assert (d.pop("forward"), d.pop("backward")) == (10, 10)
+    for key, value in d.items():
+        if key.endswith("_changed"):
+            assert value > 1.0, key  # the norm and rotation moved the values
+        elif key.startswith("bf16"):
+            # The unfused kernels' composition in bf16 (rms_norm, then rope): the same roundings
+            # in the same order; a different fp32 summation order may move one element by a
+            # bf16 step (none did here: 0.0).
+            assert value <= 2**-7, (key, value)
+        elif key.endswith("_rel"):
+            assert value < 1e-5, (key, value)  # a norm weight's gradient, over its scale
+        else:
+            assert value < 2e-6, (key, value)  # the value is a copy: exactly 0
+
+
+def test_qk_norm_rope_refuses_shapes_it_cannot_split():
+    from vime.training.kernels.qk_norm_rope import split_norm_rope
+
+    angles, w = torch.zeros(8, 16), torch.ones(16)
+    mixed = torch.zeros(4, 2, 64)  # 2 query heads + key + value of 16 per group
+    with pytest.raises(ValueError, match="2 query heads, a key and a value of 16 is 64 wide"):
+        split_norm_rope(mixed[..., :60], 2, w, w, 1e-6, angles, None)
+    with pytest.raises(ValueError, match="both norm weights or neither"):
+        split_norm_rope(mixed, 2, w, None, 1e-6, angles, None)
+    with pytest.raises(ValueError, match="norm weight \\(8,\\) for heads of 16"):
+        split_norm_rope(mixed, 2, w[:8], w[:8], 1e-6, angles, None)
+    with pytest.raises(ValueError, match="head width 15 must be even"):
+        split_norm_rope(torch.zeros(4, 2, 60), 2, None, None, 1e-6, torch.zeros(8, 15), None)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_norm_rope_kernels_compile_for_the_h200(norm):
+    """Both kernels as CUDA compiles them for sm_90 (the interpreter accepts code that CUDA
+    refuses), Qwen3-1.7B's per-rank shape: 16 query heads in 8 groups of 128."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vime.training.kernels import qk_norm_rope
+
+    fwd, bwd = qk_norm_rope._kernels()
+    consts = {"HAS_NORM": norm, "HAS_POSITIONS": True, "BLOCK_Q": 16, "BLOCK_G": 8,
+              "BLOCK_HALF": 64}  # fmt: skip
+    tail = {**dict.fromkeys(("groups", "per_group", "half"), "i32"), "eps": "fp32",
+            **dict.fromkeys(consts, "constexpr")}  # fmt: skip
+    weights = {"QW": "*bf16", "KW": "*bf16", "ANGLES": "*fp32", "POSITIONS": "*i64"}
+    forward = {**dict.fromkeys(("MIXED", "Q", "K", "V"), "*bf16"), **weights,
+               **dict.fromkeys(("stride_tok", "stride_group", "stride_angles"), "i32"), **tail}  # fmt: skip
+    backward = {**dict.fromkeys(("DQ", "DK", "DV", "MIXED", "DMIXED"), "*bf16"), **weights,
+                "DW_PARTIAL": "*fp32", "tokens": "i32", "per_program": "i32",
+                **dict.fromkeys(("stride_dq", "stride_dk", "stride_dv", "stride_tok",
+                                 "stride_group", "stride_angles"), "i32"), **tail}  # fmt: skip
+    for fn, signature in ((fwd, forward), (bwd, backward)):
+        src = ASTSource(fn=fn, signature=signature, constexprs=consts)
+        assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"], fn
+
+
 def test_adamw_falls_back_to_the_same_math_and_refuses_bad_input():
     from vime.training.kernels.adamw import AdamWHyper, adamw_step
 

@@ -33,10 +33,12 @@ def _count_fused_calls(trainer: Any) -> dict[str, Any]:
         else:
             setattr(module, slot, _counted(target, calls, slot))
     # The Triton kernels (CUDA, or the interpreter's CPU run): each autograd Function's forward.
-    from vime.training.kernels import rms_norm, rope
+    from vime.training.kernels import qk_norm_rope, rms_norm, rope
 
     rms_norm._RMSNorm.apply = _counted(rms_norm._RMSNorm.apply, calls, "triton_rms_norm")
     rope._Rope.apply = _counted(rope._Rope.apply, calls, "triton_rope")
+    qk = qk_norm_rope._QKNormRope
+    qk.apply = _counted(qk.apply, calls, "triton_qk_norm_rope")
     return {"fused_calls": calls}
 
 

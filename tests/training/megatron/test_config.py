@@ -117,6 +117,45 @@ def test_the_optimizer_fusion_is_off_with_the_distributed_optimizer(monkeypatch)
         parse_megatron_args(["--optimizer-fusion", "--use-distributed-optimizer"])
 
 
+@pytest.mark.parametrize(
+    ("args", "off_cuda", "on_cuda"),
+    [
+        ([], False, True),  # on where the RMSNorm and RoPE fusions are: with CUDA
+        (["--no-rms-norm-fusion"], False, False),
+        (["--no-rope-fusion"], False, False),
+        (["--no-qk-norm-rope-fusion"], False, False),
+        (["--qk-norm-rope-fusion"], True, True),  # asked for: also on the CPU (interpreter)
+        (["--qk-norm-rope-fusion", "--rms-norm-fusion", "--apply-rope-fusion"], True, True),
+    ],
+)
+def test_the_qk_norm_rope_fusion_follows_the_norm_and_rope_fusions(
+    args, off_cuda, on_cuda, monkeypatch
+):
+    cfg = parse_megatron_args(args)
+    for cuda, expected in ((False, off_cuda), (True, on_cuda)):
+        monkeypatch.setattr("torch.cuda.is_available", lambda cuda=cuda: cuda)
+        assert cfg.fused("qk_norm_rope") is expected, cuda
+
+
+@pytest.mark.parametrize("off", ["--no-rms-norm-fusion", "--no-rope-fusion"])
+def test_the_qk_norm_rope_fusion_refuses_a_contradiction(off):
+    with pytest.raises(ConfigError, match="contradicts --no-rms-norm-fusion and --no-rope"):
+        parse_megatron_args(["--qk-norm-rope-fusion", off])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_qk_norm_rope_flag_picks_the_attention_module(fused):
+    from megatron.core.transformer.attention import SelfAttention
+
+    from vime.training.megatron.model import layer_spec
+    from vime.training.megatron.qk_fusion import QKFusedSelfAttention
+
+    spec = layer_spec(_tiny_arch(num_layers=2), fused_qk=fused)
+    for layer in spec.layer_specs:
+        module = layer.submodules.self_attention.module
+        assert module is (QKFusedSelfAttention if fused else SelfAttention)
+
+
 def test_the_model_config_takes_the_fusions(monkeypatch):
     from megatron.core.models.common.embeddings import rope_utils
 

@@ -91,7 +91,9 @@ def test_fused_step_like_unfused(tiny_models, per_sequence, triton, monkeypatch)
     folder = str(tiny_models["qwen3"])
     args = (folder, STEP_TOKENS, per_sequence)
     base = spawn(step_with_counts, 1, args[0], UNFUSED, *args[1:], backend="gloo")[0]
-    fused = spawn(step_with_counts, 1, args[0], FUSED, *args[1:], backend="gloo")[0]
+    # The query/key norms and RoPE each on their own here; together below.
+    separate = [*FUSED, "--no-qk-norm-rope-fusion"]
+    fused = spawn(step_with_counts, 1, args[0], separate, *args[1:], backend="gloo")[0]
     calls = fused["fused_calls"]
     rope = "fused_apply_rotary_pos_emb" if per_sequence else "fused_apply_rotary_pos_emb_thd"
     layers = 2 * len(STEP_TOKENS) if per_sequence else 2
@@ -107,6 +109,43 @@ def test_fused_step_like_unfused(tiny_models, per_sequence, triton, monkeypatch)
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=2e-6, rtol=0)
     assert fused["metrics"]["loss"] == pytest.approx(base["metrics"]["loss"], abs=1e-6)
     assert base["grads"].keys() == fused["grads"].keys()
+    for name, g in base["grads"].items():
+        assert g.abs().max() > 0, name
+        assert torch.allclose(fused["grads"][name], g, atol=5e-6, rtol=1e-5), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "per_sequence"),
+    [("qwen3", False), ("qwen3", True), ("llama", False)],
+    ids=["qwen3-packed", "qwen3-per-sequence", "llama-packed"],
+)
+def test_qk_norm_rope_fusion_steps_like_unfused(tiny_models, family, per_sequence, monkeypatch):
+    """--qk-norm-rope-fusion (on by default beside the RMSNorm and RoPE fusions) equals the
+    unfused step in fp32: logprobs before, the loss and every parameter's gradient (the
+    query/key norm weights' included). Its kernel takes every layer's query, key
+    and value (one launch per layer and micro-batch forward) where megatron's norms and RoPE
+    took them; Llama has no query/key norms and takes the rotation alone."""
+    from fusions_cpu import step_with_counts
+
+    _interpreted(monkeypatch)
+    folder = str(tiny_models[family])
+    args = (folder, STEP_TOKENS, per_sequence)
+    base = spawn(step_with_counts, 1, args[0], UNFUSED, *args[1:], backend="gloo")[0]
+    fused = spawn(step_with_counts, 1, args[0], FUSED, *args[1:], backend="gloo")[0]
+    calls = fused["fused_calls"]
+    forwards = 2 * (len(STEP_TOKENS) if per_sequence else 1)  # the step's and the one after it
+    assert calls.get("triton_qk_norm_rope", 0) == 2 * forwards, calls  # 2 layers
+    assert "triton_rope" not in calls and "fused_apply_rotary_pos_emb_thd" not in calls, calls
+    assert "fused_apply_rotary_pos_emb" not in calls, calls
+    # Only the input, pre-MLP and final norms remain RMSNorm kernels.
+    assert calls.get("triton_rms_norm", 0) == (2 * 2 + 1) * forwards, calls
+    for a, b in zip(fused["before"], base["before"], strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=2e-6, rtol=0)
+    assert fused["metrics"]["loss"] == pytest.approx(base["metrics"]["loss"], abs=1e-6)
+    assert base["grads"].keys() == fused["grads"].keys()
+    qk_norms = [n for n in base["grads"] if "q_layernorm" in n or "k_layernorm" in n]
+    assert len(qk_norms) == (4 if family == "qwen3" else 0), qk_norms
     for name, g in base["grads"].items():
         assert g.abs().max() > 0, name
         assert torch.allclose(fused["grads"][name], g, atol=5e-6, rtol=1e-5), name

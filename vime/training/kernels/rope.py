@@ -125,6 +125,7 @@ def _launch_tables(
 
 try:
     import triton as _triton
+    import triton.language as _tl  # noqa: F401 - Triton's interpreter looks for it here
 except ImportError:  # pragma: no cover - torch wheels for CUDA ship Triton
     _triton = None
 

@@ -37,26 +37,37 @@ class MegatronConfig:
     # on CUDA; RoPE and weight-gradient accumulation: vime.training.megatron.fusions; RMSNorm:
     # Triton kernels (vime.training.kernels.rms_norm) instead of F.rms_norm; optimizer: clipping,
     # AdamW and the bf16 model copy in one Triton pass (vime.training.megatron.fused_optimizer),
-    # not with the distributed optimizer.
+    # not with the distributed optimizer; query/key norms and RoPE: one Triton kernel each way
+    # straight from the QKV projection (vime.training.megatron.qk_fusion), on by default where
+    # both the RMSNorm and the RoPE fusions are.
     bias_swiglu_fusion: bool | None = None
     apply_rope_fusion: bool | None = None
     gradient_accumulation_fusion: bool | None = None
     rms_norm_fusion: bool | None = None
     optimizer_fusion: bool | None = None
+    qk_norm_rope_fusion: bool | None = None
 
     def fused(
         self,
         name: Literal[
-            "bias_swiglu", "apply_rope", "gradient_accumulation", "rms_norm", "optimizer"
+            "bias_swiglu",
+            "apply_rope",
+            "gradient_accumulation",
+            "rms_norm",
+            "optimizer",
+            "qk_norm_rope",
         ],
     ) -> bool:
         """Whether the ``name`` fusion is on: its flag, else on with CUDA (the optimizer's only
-        without the distributed optimizer)."""
+        without the distributed optimizer; the query/key one where the RMSNorm and RoPE ones
+        are)."""
         value = getattr(self, f"{name}_fusion")
         if value is not None:
             return bool(value)
         if name == "optimizer" and self.use_distributed_optimizer:
             return False
+        if name == "qk_norm_rope":
+            return self.fused("rms_norm") and self.fused("apply_rope")
         import torch
 
         return torch.cuda.is_available()
@@ -72,6 +83,11 @@ class MegatronConfig:
             raise ConfigError(
                 "--optimizer-fusion covers the non-distributed optimizer only; drop it or "
                 "--use-distributed-optimizer"
+            )
+        if self.qk_norm_rope_fusion and False in (self.rms_norm_fusion, self.apply_rope_fusion):
+            raise ConfigError(
+                "--qk-norm-rope-fusion runs the query/key norms and RoPE in one kernel; it "
+                "contradicts --no-rms-norm-fusion and --no-rope-fusion"
             )
         if self.tensor_model_parallel_size < 1:
             raise ConfigError(
@@ -135,7 +151,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context-parallel-size", type=int, default=1)
     p.add_argument("--expert-model-parallel-size", type=int, default=1)
     p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
-    for name in ("bias-swiglu", "rope", "gradient-accumulation", "rms-norm", "optimizer"):
+    fusions = (
+        "bias-swiglu",
+        "rope",
+        "gradient-accumulation",
+        "rms-norm",
+        "optimizer",
+        "qk-norm-rope",
+    )
+    for name in fusions:
         dest = "apply_rope_fusion" if name == "rope" else f"{name.replace('-', '_')}_fusion"
         flag = "apply-rope" if name == "rope" else name
         p.add_argument(f"--{flag}-fusion", dest=dest, action="store_true", default=None)
@@ -154,7 +178,7 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
             "--recompute-num-layers, --recompute-activations, --overlap-grad-reduce, "
             "--expert-model-parallel-size, --moe-aux-loss-coeff, --[no-]bias-swiglu-fusion, "
             "--apply-rope-fusion/--no-rope-fusion, --[no-]gradient-accumulation-fusion, "
-            "--[no-]rms-norm-fusion, --[no-]optimizer-fusion"
+            "--[no-]rms-norm-fusion, --[no-]optimizer-fusion, --[no-]qk-norm-rope-fusion"
         )
     if known.fp16:
         raise ConfigError("--fp16 is not supported by the Megatron backend; use --bf16")
@@ -188,4 +212,5 @@ def parse_megatron_args(args: Sequence[str]) -> MegatronConfig:
         gradient_accumulation_fusion=known.gradient_accumulation_fusion,
         rms_norm_fusion=known.rms_norm_fusion,
         optimizer_fusion=known.optimizer_fusion,
+        qk_norm_rope_fusion=known.qk_norm_rope_fusion,
     )

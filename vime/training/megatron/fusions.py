@@ -75,10 +75,23 @@ def fused_apply_rotary_pos_emb(
     freqs = freqs[: t.shape[0]]
     if rope_kernel.available(t):
         s, b, heads, d = t.shape
-        angles = freqs.reshape(s, freqs.shape[-1]).float()
-        positions = None if b == 1 else _batch_positions(s, b, t.device)
+        angles, positions = rope_angles(freqs, s, b, None)
         return rope_kernel.rotate(t.reshape(s * b, heads, d), angles, positions).view(t.shape)
     return _apply(t, freqs)
+
+
+def rope_angles(
+    freqs: torch.Tensor, s: int, b: int, cu_seqlens: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The kernels' fp32 angle rows (``[P, rot]``) and each token's row (None: token ``i``
+    takes row ``i``) for megatron's ``freqs``: ``[s, b]`` tokens flattened in that order, or
+    ``s`` packed tokens whose sequences start at ``cu_seqlens`` (positions restart at each
+    sequence, unless ``freqs`` covers every packed token: megatron's exact-offset mode)."""
+    if cu_seqlens is None:
+        angles = freqs[:s].reshape(s, freqs.shape[-1]).float()
+        return angles, None if b == 1 else _batch_positions(s, b, freqs.device)
+    angles = freqs.reshape(freqs.shape[0], freqs.shape[-1]).float()
+    return angles, None if freqs.shape[0] == s else _thd_positions(cu_seqlens, s)
 
 
 @functools.lru_cache(maxsize=8)
@@ -122,9 +135,7 @@ def fused_apply_rotary_pos_emb_thd(
     tokens = t.shape[0]
     exact = freqs.shape[0] == tokens
     if rope_kernel.available(t):
-        angles = freqs.reshape(freqs.shape[0], freqs.shape[-1]).float()
-        positions = None if exact else _thd_positions(cu_seqlens, tokens)
-        return rope_kernel.rotate(t, angles, positions)
+        return rope_kernel.rotate(t, *rope_angles(freqs, tokens, 1, cu_seqlens))
     if exact:
         return _apply(t, freqs.reshape(tokens, 1, freqs.shape[-1]))
     positions = _thd_positions(cu_seqlens, tokens)

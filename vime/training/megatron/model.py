@@ -118,10 +118,17 @@ def host_bounds(packed_seq_params: Any) -> list[int]:
     return bounds
 
 
-def layer_spec(arch: GPTArch, num_layers: int | None = None, *, fused_norm: bool = False) -> Any:
+def layer_spec(
+    arch: GPTArch,
+    num_layers: int | None = None,
+    *,
+    fused_norm: bool = False,
+    fused_qk: bool = False,
+) -> Any:
     """Megatron block spec of ``num_layers`` layers (default: all of ``arch``'s; a pipeline
     stage builds its share): local linears, :class:`SDPAttention`, :class:`RMSNorm` (its
-    Triton kernels when ``fused_norm``)."""
+    Triton kernels when ``fused_norm``), and with ``fused_qk`` the query/key norms and RoPE in
+    one kernel each way (:class:`vime.training.megatron.qk_fusion.QKFusedSelfAttention`)."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -137,12 +144,17 @@ def layer_spec(arch: GPTArch, num_layers: int | None = None, *, fused_norm: bool
 
     norm = ModuleSpec(module=RMSNorm, params={"fused": fused_norm})
     qk_norm = norm if arch.qk_norm else IdentityOp
+    attention = SelfAttention
+    if fused_qk:
+        from vime.training.megatron.qk_fusion import QKFusedSelfAttention
+
+        attention = QKFusedSelfAttention
     layer = ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=norm,
             self_attention=ModuleSpec(
-                module=SelfAttention,
+                module=attention,
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
                     linear_qkv=ColumnParallelLinear,
@@ -274,7 +286,10 @@ def build_gpt_model(arch: GPTArch, mcfg: MegatronConfig, *, initialize: bool = F
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(
-            arch, get_num_layers_to_build(config), fused_norm=mcfg.fused("rms_norm")
+            arch,
+            get_num_layers_to_build(config),
+            fused_norm=mcfg.fused("rms_norm"),
+            fused_qk=mcfg.fused("qk_norm_rope"),
         ),
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
