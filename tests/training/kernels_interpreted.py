@@ -160,7 +160,7 @@ def qk_norm_rope_cases() -> dict[str, float]:
     unfused kernels' composition (bf16 storage): groups and heads that are not powers of two,
     a padded head width, a group stride wider than the group, with and without norms, packed
     positions, fewer tokens than a whole number of backward programs, and an output that takes
-    no gradient."""
+    no gradient, gradients that arrive as transposed views."""
     from vime.training.kernels import qk_norm_rope, rope
     from vime.training.kernels.rms_norm import rms_norm
 
@@ -201,7 +201,10 @@ def qk_norm_rope_cases() -> dict[str, float]:
                       for t in (mixed, qw, kw)]  # fmt: skip
             q, k, v = qk_norm_rope.split_norm_rope(leaves[0], per_group, leaves[1], leaves[2],
                                                    1e-6, angles, pos)  # fmt: skip
-            ((q * dq).sum() + (k * dk).sum() + (v * dv).sum()).backward()
+            # The query's and key's gradients arrive as transposed views, as attention's do.
+            dq_t, dk_t = dq.transpose(0, 1).contiguous(), dk.transpose(0, 1).contiguous()
+            loss = (q.transpose(0, 1) * dq_t).sum() + (k.transpose(0, 1) * dk_t).sum()
+            (loss + (v * dv).sum()).backward()
             ref_leaves = [t.double().requires_grad_() if t is not None else None
                           for t in (mixed, qw, kw)]  # fmt: skip
             positions = torch.arange(tokens) if pos is None else pos

@@ -261,6 +261,35 @@ def test_qk_norm_rope_kernels_equal_the_unfused_math():
             assert value < 2e-6, (key, value)  # the value is a copy: exactly 0
 
 
+def test_norm_weight_grads_go_to_megatrons_main_grad_only_when_marked():
+    from vime.training.kernels import ACCUMULATE_MAIN_GRAD, norm_weight_grad
+
+    partial = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.25, 2.0**-12]])
+    sums = partial.sum(0)
+    weight = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    got = norm_weight_grad(weight, partial)  # unmarked: the sums, in the weight's dtype
+    assert got.dtype == torch.bfloat16 and torch.equal(got, sums.bfloat16())
+    # Marked, with megatron's fp32 main_grad and its flag: added there in fp32 (the 2^-12 that
+    # bf16 rounding would drop survives), flagged, and a placeholder handed to autograd.
+    weight.main_grad = torch.full((3,), 10.0)
+    weight.grad_added_to_main_grad = False
+    setattr(weight, ACCUMULATE_MAIN_GRAD, True)
+    placeholder = norm_weight_grad(weight, partial[:, :])
+    assert torch.equal(weight.main_grad, 10.0 + sums) and weight.grad_added_to_main_grad
+    assert placeholder.shape == weight.shape
+    norm_weight_grad(weight, partial)  # a second micro-batch accumulates
+    assert torch.equal(weight.main_grad, 10.0 + sums + sums)
+    # A strided partial (the query/key kernel's [programs, 2, width] rows) sums the same.
+    pair = torch.stack([partial, partial * 3], dim=1)
+    weight.main_grad = torch.zeros(3)
+    norm_weight_grad(weight, pair[:, 1])
+    assert torch.allclose(weight.main_grad, sums * 3, rtol=1e-6, atol=0)
+    weight.main_grad = torch.zeros(3, dtype=torch.bfloat16)  # not fp32: autograd's path
+    weight.grad_added_to_main_grad = False
+    assert torch.equal(norm_weight_grad(weight, partial), sums.bfloat16())
+    assert not weight.grad_added_to_main_grad
+
+
 def test_qk_norm_rope_refuses_shapes_it_cannot_split():
     from vime.training.kernels.qk_norm_rope import split_norm_rope
 
@@ -295,8 +324,9 @@ def test_qk_norm_rope_kernels_compile_for_the_h200(norm):
                **dict.fromkeys(("stride_tok", "stride_group", "stride_angles"), "i32"), **tail}  # fmt: skip
     backward = {**dict.fromkeys(("DQ", "DK", "DV", "MIXED", "DMIXED"), "*bf16"), **weights,
                 "DW_PARTIAL": "*fp32", "tokens": "i32", "per_program": "i32",
-                **dict.fromkeys(("stride_dq", "stride_dk", "stride_dv", "stride_tok",
-                                 "stride_group", "stride_angles"), "i32"), **tail}  # fmt: skip
+                **dict.fromkeys(("stride_dq", "stride_dq_head", "stride_dk", "stride_dk_head",
+                                 "stride_dv", "stride_dv_head", "stride_tok", "stride_group",
+                                 "stride_angles"), "i32"), **tail}  # fmt: skip
     for fn, signature in ((fwd, forward), (bwd, backward)):
         src = ASTSource(fn=fn, signature=signature, constexprs=consts)
         assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"], fn

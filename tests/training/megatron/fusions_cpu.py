@@ -39,7 +39,24 @@ def _count_fused_calls(trainer: Any) -> dict[str, Any]:
     rope._Rope.apply = _counted(rope._Rope.apply, calls, "triton_rope")
     qk = qk_norm_rope._QKNormRope
     qk.apply = _counted(qk.apply, calls, "triton_qk_norm_rope")
+    for module in (rms_norm, qk_norm_rope):
+        module.norm_weight_grad = _counting_main_grad(module.norm_weight_grad, calls)
     return {"fused_calls": calls}
+
+
+def _counting_main_grad(fn: Any, calls: dict[str, int]) -> Any:
+    """Count the norm weights' gradients the kernels added to megatron's main_grad themselves
+    (``main_grad_norms``) and those handed back to autograd (``autograd_norms``)."""
+
+    @functools.wraps(fn)
+    def wrapper(weight: Any, partial: Any) -> Any:
+        weight.grad_added_to_main_grad = False
+        out = fn(weight, partial)
+        key = "main_grad_norms" if weight.grad_added_to_main_grad else "autograd_norms"
+        calls[key] = calls.get(key, 0) + 1
+        return out
+
+    return wrapper
 
 
 def _counted(fn: Any, calls: dict[str, int], key: str) -> Any:
@@ -58,6 +75,67 @@ def step_with_counts(
     return run_one_step(
         folder, args, token_lists, per_sequence=per_sequence, watch=_count_fused_calls
     )
+
+
+# Ops that launch no kernel on CUDA: allocations and metadata.
+_NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
+              "lift_fresh", "_to_copy_noop", "set_", "resize_", "_local_scalar_dense"}  # fmt: skip
+
+
+def _count_launches(trainer: Any) -> dict[str, Any]:
+    """Count, over the train step only, the work that launches a kernel on CUDA: every aten op
+    but views and allocations, and every Triton launch (each counted once, the interpreter's
+    own torch calls inside it not at all)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.interpreter import InterpretedFunction
+
+    counts = {"aten": 0, "triton": 0}
+    by_op: dict[str, int] = {}
+
+    class Count(TorchDispatchMode):
+        paused = False
+        active = False  # inside the train step
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not Count.paused:
+                name = func.overloadpacket.__name__
+                view = any(a.alias_info is not None and not a.alias_info.is_write
+                           for a in func._schema.returns)  # fmt: skip
+                if not view and name not in _NO_KERNEL:
+                    counts["aten"] += 1
+                    by_op[name] = by_op.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    run = InterpretedFunction.run
+
+    def counted_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["triton"] += Count.active
+        Count.paused = True
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            Count.paused = False
+
+    InterpretedFunction.run = counted_run
+    step = trainer.train_step
+
+    def counted_step(batch: Any) -> Any:
+        Count.active = True
+        try:
+            with Count():
+                return step(batch)
+        finally:
+            Count.active = False
+
+    trainer.train_step = counted_step
+    return {"launches": counts, "aten_ops": by_op}
+
+
+def step_with_launch_counts(
+    folder: str, args: list[str], token_lists: list[list[int]], per_sequence: bool
+) -> dict[str, Any]:
+    """One train step and the launches it made (:func:`_count_launches`)."""
+    return run_one_step(folder, args, token_lists, per_sequence=per_sequence, watch=_count_launches)
 
 
 def grads_with_swiglu_launches(folder: str, args: list[str]) -> tuple:

@@ -104,6 +104,10 @@ def test_fused_step_like_unfused(tiny_models, per_sequence, triton, monkeypatch)
     norms = (4 * 2 + 1) * (len(STEP_TOKENS) if per_sequence else 1)
     assert calls.get("triton_rms_norm", 0) == (norms * 2 if triton else 0), calls
     assert calls.get("triton_rope", 0) == (calls[rope] if triton else 0), calls
+    # With --gradient-accumulation-fusion the kernels add every norm weight's gradient to
+    # megatron's fp32 main_grad themselves (the step's backward: once per norm).
+    assert calls.get("main_grad_norms", 0) == (norms if triton else 0), calls
+    assert "autograd_norms" not in calls, calls
     assert base["fused_calls"] == {}, base["fused_calls"]
     for a, b in zip(fused["before"], base["before"], strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=2e-6, rtol=0)
@@ -140,6 +144,11 @@ def test_qk_norm_rope_fusion_steps_like_unfused(tiny_models, family, per_sequenc
     assert "fused_apply_rotary_pos_emb" not in calls, calls
     # Only the input, pre-MLP and final norms remain RMSNorm kernels.
     assert calls.get("triton_rms_norm", 0) == (2 * 2 + 1) * forwards, calls
+    # Every norm weight's gradient (query/key ones from the fused kernel) went straight to
+    # main_grad, once per norm in the step's backward.
+    qk_weights = 2 * 2 if family == "qwen3" else 0
+    assert calls.get("main_grad_norms", 0) == (5 + qk_weights) * forwards // 2, calls
+    assert "autograd_norms" not in calls, calls
     for a, b in zip(fused["before"], base["before"], strict=True):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=2e-6, rtol=0)
     assert fused["metrics"]["loss"] == pytest.approx(base["metrics"]["loss"], abs=1e-6)
@@ -149,6 +158,25 @@ def test_qk_norm_rope_fusion_steps_like_unfused(tiny_models, family, per_sequenc
     for name, g in base["grads"].items():
         assert g.abs().max() > 0, name
         assert torch.allclose(fused["grads"][name], g, atol=5e-6, rtol=1e-5), name
+
+
+@pytest.mark.slow
+def test_qk_norm_rope_fusion_launches_fewer_kernels(tiny_models, monkeypatch):
+    """The point of --qk-norm-rope-fusion, counted over a train step: per layer and
+    micro-batch, 6 fewer Triton launches (two norms and two rotations become one kernel,
+    forward and backward) and fewer aten ops (the query's copy into head order, the norm
+    weights' gradient sums, the assembly of the projection's gradient)."""
+    from fusions_cpu import step_with_launch_counts
+
+    _interpreted(monkeypatch)
+    folder = str(tiny_models["qwen3"])
+    args = (STEP_TOKENS, False)  # one packed micro-batch; the model has 2 layers
+    fused = [*FUSED, "--bf16"]
+    separate = spawn(step_with_launch_counts, 1, folder, [*fused, "--no-qk-norm-rope-fusion"],
+                     *args, backend="gloo")[0]["launches"]  # fmt: skip
+    joint = spawn(step_with_launch_counts, 1, folder, fused, *args, backend="gloo")[0]["launches"]
+    assert separate["triton"] - joint["triton"] == 6 * 2, (separate, joint)
+    assert separate["aten"] - joint["aten"] >= 2 * 2, (separate, joint)
 
 
 def _interpreted(monkeypatch) -> None:

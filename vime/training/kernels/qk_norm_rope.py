@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vime.training.kernels import runs_here
+from vime.training.kernels import norm_weight_grad, runs_here
 from vime.training.kernels.rope import _rotate_halves
 
 
@@ -134,7 +134,8 @@ class _QKNormRope(torch.autograd.Function):
         for g, count in ((dq, groups * heads_per_group), (dk, groups), (dv, groups)):
             if g is None:  # an output that got no gradient: its part of dmixed is zero
                 g = mixed.new_zeros((tokens, count, head_dim))
-            grads.append(g.contiguous())
+            # Any token and head strides (attention's backward hands transposed gradients).
+            grads.append(g if g.stride(-1) == 1 else g.contiguous())
         dq, dk, dv = grads
         dmixed = torch.empty((tokens, groups, mixed.shape[2]), dtype=mixed.dtype,
                              device=mixed.device)  # fmt: skip
@@ -148,7 +149,7 @@ class _QKNormRope(torch.autograd.Function):
         bwd[(programs,)](
             dq, dk, dv, mixed, dmixed, q_weight if norm else angles,
             k_weight if norm else angles, angles, positions if positions is not None else angles,
-            partial, tokens, per_program, dq.stride(0), dk.stride(0), dv.stride(0),
+            partial, tokens, per_program, *dq.stride()[:2], *dk.stride()[:2], *dv.stride()[:2],
             mixed.stride(0), mixed.stride(1), angles.stride(0), groups, heads_per_group,
             head_dim // 2, eps,
             HAS_NORM=norm, HAS_POSITIONS=positions is not None,
@@ -156,7 +157,8 @@ class _QKNormRope(torch.autograd.Function):
         )  # fmt: skip
         dq_w = dk_w = None
         if norm:
-            dq_w, dk_w = partial.sum(0).to(q_weight.dtype)
+            dq_w = norm_weight_grad(q_weight, partial[:, 0])
+            dk_w = norm_weight_grad(k_weight, partial[:, 1])
         return dmixed, dq_w, dk_w, None, None, None, None
 
 
@@ -299,7 +301,8 @@ if triton is not None:
     @triton.jit
     def _backward(
         DQ, DK, DV, MIXED, DMIXED, QW, KW, ANGLES, POSITIONS, DW_PARTIAL, tokens, per_program,
-        stride_dq, stride_dk, stride_dv, stride_tok, stride_group, stride_angles, groups,
+        stride_dq, stride_dq_head, stride_dk, stride_dk_head, stride_dv, stride_dv_head,
+        stride_tok, stride_group, stride_angles, groups,
         per_group, half, eps,
         HAS_NORM: tl.constexpr, HAS_POSITIONS: tl.constexpr, BLOCK_Q: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_HALF: tl.constexpr,
@@ -332,18 +335,18 @@ if triton is not None:
             out = DMIXED + tok * groups * width
             # past the last token no head is live (a scalar mask folded into the head count)
             ok = (h < tl.where(live, heads, 0))[:, None] & j_ok[None, :]
-            a1, a2 = _unrotate_denorm(DQ + tok * stride_dq + h[:, None] * dim, row + q_off,
+            a1, a2 = _unrotate_denorm(DQ + tok * stride_dq + h[:, None] * stride_dq_head, row + q_off,
                                       out + q_out, ok, QW, j, j_ok, half, c1, c2, s1, s2, eps,
                                       dt, HAS_NORM, BLOCK_HALF)  # fmt: skip
             qw1 += a1
             qw2 += a2
             g_ok = (g < tl.where(live, groups, 0))[:, None] & j_ok[None, :]
-            b1, b2 = _unrotate_denorm(DK + tok * stride_dk + g[:, None] * dim, row + k_off,
+            b1, b2 = _unrotate_denorm(DK + tok * stride_dk + g[:, None] * stride_dk_head, row + k_off,
                                       out + k_out, g_ok, KW, j, j_ok, half, c1, c2, s1, s2, eps,
                                       dt, HAS_NORM, BLOCK_HALF)  # fmt: skip
             kw1 += b1
             kw2 += b2
-            dv = DV + tok * stride_dv + g[:, None] * dim
+            dv = DV + tok * stride_dv + g[:, None] * stride_dv_head
             v_out = out + k_out + dim
             tl.store(v_out + j[None, :], tl.load(dv + j[None, :], mask=g_ok), mask=g_ok)
             tl.store(v_out + half + j[None, :], tl.load(dv + half + j[None, :], mask=g_ok),

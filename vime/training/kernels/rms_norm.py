@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vime.training.kernels import runs_here
+from vime.training.kernels import norm_weight_grad, runs_here
 
 # Rows wider than this are left to torch: one row must fit a program's registers.
 MAX_FUSED_WIDTH = 16384
@@ -108,8 +108,7 @@ class _RMSNorm(torch.autograd.Function):
             dy2.stride(0), x2.stride(0), rows_per_program,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
         )  # fmt: skip
-        dw = partial.sum(0).to(weight.dtype)
-        return dx.view(dy.shape), dw, None
+        return dx.view(dy.shape), norm_weight_grad(weight, partial), None
 
 
 @functools.cache

@@ -7,7 +7,8 @@ TransformerEngine, which this backend does not install.
   weight gradient is first written as a bf16 tensor and then added to ``main_grad`` by a
   separate kernel, per parameter and micro-batch. Here it is one GEMM with ``beta=1`` into the
   fp32 buffer (:func:`vime.training.gemm.wgrad_gemm_accum_fp32`: torch's ``out_dtype`` GEMM on
-  CUDA; an fp32 ``addmm_`` otherwise).
+  CUDA; an fp32 ``addmm_`` otherwise). The RMSNorm and query/key norm kernels add their weights'
+  gradients there too under this flag (:func:`vime.training.kernels.norm_weight_grad`).
 - **RoPE** (``apply_rope_fusion``): megatron-core's unfused rotary embedding runs a chunk, a
   negation, a concatenation, two multiplications and an addition each way per query and key,
   and its packed (``thd``) form reads the sequence bounds back to the host in every layer.

@@ -28,7 +28,8 @@ class RMSNorm(torch.nn.Module):
     """RMSNorm with the signature Megatron's builders call (``config, hidden_size, eps``).
 
     ``fused``: the Triton kernels of :mod:`vime.training.kernels.rms_norm` where they run
-    (CUDA), else torch's ``F.rms_norm``.
+    (CUDA), else torch's ``F.rms_norm``; with ``gradient_accumulation_fusion`` too, they add
+    the weight's gradient straight into megatron's fp32 ``main_grad``.
     """
 
     def __init__(
@@ -40,6 +41,12 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(
             torch.ones(hidden_size, dtype=config.params_dtype, device=_init_device(config))
         )
+        if fused and config.gradient_accumulation_fusion:
+            from vime.training.kernels import ACCUMULATE_MAIN_GRAD
+
+            # The kernels add the weight's gradient to megatron's fp32 main_grad themselves,
+            # as megatron's linears do with this fusion.
+            setattr(self.weight, ACCUMULATE_MAIN_GRAD, True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise over the last dimension."""
