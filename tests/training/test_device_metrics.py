@@ -167,3 +167,48 @@ def test_metric_sums_keep_the_float_semantics():
     sums.add({"a": torch.tensor(100.0, dtype=torch.float64), "b": 7.0}, weight=0.0)
     sums.add({"c": torch.tensor(1.0, dtype=torch.float64)}, torch.tensor(0.0))  # no weight: absent
     assert sums.reduce() == {"a": (2.0 * 3.0 + 5.0) / 4.0, "x_max": 4.0, "n/num_tokens": 3.0}
+
+
+def test_metric_sums_fold_varying_keys_like_the_float_path():
+    """Micro-batches with different keys, weights of 0, floats before tensors: the same float64
+    values, bit for bit, as the float path (a key a micro-batch lacks adds nothing)."""
+    g = torch.Generator().manual_seed(5)
+    per_mb = []
+    for keys, w in ((("a", "b"), 3.0), (("b", "c"), 0.0), (("a", "c", "d"), 7.0), (("d",), 2.0)):
+        values = {k: float(torch.rand((), generator=g, dtype=torch.float64)) for k in keys}
+        per_mb.append({**values, "policy/num_tokens": w})
+    sums = MetricSums()
+    for i, metrics in enumerate(per_mb):
+        w = metrics["policy/num_tokens"]
+        if i == 0:  # the first micro-batch as floats, the rest as tensors
+            sums.add(metrics, weight=w)
+        else:
+            tensors = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}
+            sums.add(tensors, weight=tensors["policy/num_tokens"])
+    assert sums.reduce() == _fold_floats(per_mb)
+
+
+def test_metric_sums_fold_a_micro_batch_in_a_few_device_ops():
+    """However many keys a micro-batch has, its means fold in with the same few device
+    operations (each a kernel launch on a GPU), not several per key."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += func.overloadpacket.__name__ != "view"  # views launch nothing
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for n in (3, 30):
+        sums = MetricSums()
+        metrics = {f"m{i}": torch.tensor(float(i), dtype=torch.float64) for i in range(n)}
+        weight = torch.tensor(4.0, dtype=torch.float64)
+        sums.add(metrics, weight)  # the first creates the vectors
+        Count.ops = 0
+        with Count():
+            sums.add(metrics, weight)
+        counts[n] = Count.ops
+        assert sums.reduce() == {f"m{i}": float(i) for i in range(n)}
+    assert counts[3] == counts[30] == 7, counts  # gt, stack, mul, where, add, where, add

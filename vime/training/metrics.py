@@ -22,38 +22,74 @@ class MetricSums:
     """Running weighted sums, sums and maxima of metrics, kept where the values live.
 
     Values may be Python floats or 0-d tensors (float64 on the trainer's device, as
-    :func:`~vime.algorithms.policy.policy_loss_tensors` returns them). Tensor values are
-    folded with device operations in the same float64 arithmetic, in the same order, as
-    floats would be, and read back to the host once, in :meth:`reduce`; a step's micro-batches
-    therefore never wait for the GPU to drain.
+    :func:`~vime.algorithms.policy.policy_loss_tensors` returns them). Once a tensor arrives,
+    the weighted means of every key are kept as two float64 vectors on its device (one entry
+    per key), so a micro-batch's means fold in with a handful of device operations however
+    many keys it has; the arithmetic is the float path's (float64 products and sums, in the
+    same order, a key absent from a micro-batch adding exactly nothing), and everything is read
+    back to the host once, in :meth:`reduce`: a step's micro-batches never wait for the GPU.
     """
 
     def __init__(self) -> None:
-        self.weighted: dict[str, Any] = {}
+        self.weighted: dict[str, Any] = {}  # the float path's, until a tensor arrives
         self.weights: dict[str, Any] = {}
         self.sums: dict[str, Any] = {}
         self.maxima: dict[str, Any] = {}
+        self._keys: list[str] = []  # the vectors' entries
+        self._vectors: tuple[Any, Any] | None = None  # (weighted sums, weights), float64
+        self._zero: Any = None  # a float64 0 on the vectors' device
 
     def add(self, metrics: dict[str, Any], weight: Any) -> None:
         """Fold in one micro-batch's metrics; ``weight`` is its number of loss tokens (a float
         or a 0-d tensor). Means skip a micro-batch of weight 0."""
+        means: dict[str, Any] = {}
         for key, value in metrics.items():
             kind = _kind(key)
             if kind == "max":
                 self.maxima[key] = _maximum(self.maxima.get(key, -math.inf), value)
             elif kind == "sum":
                 self.sums[key] = self.sums.get(key, 0.0) + value
-            elif _is_tensor(value) or _is_tensor(weight):
-                import torch
+            else:
+                means[key] = value
+        if not means:
+            return
+        tensors = [v for v in (weight, *means.values()) if _is_tensor(v)]
+        if self._vectors is None and not tensors:
+            if weight > 0:
+                for key, value in means.items():
+                    self.weighted[key] = self.weighted.get(key, 0.0) + value * weight
+                    self.weights[key] = self.weights.get(key, 0.0) + weight
+            return
+        self._add_means(means, weight, tensors[0].device if tensors else self._vectors[0].device)
 
-                positive = torch.as_tensor(weight) > 0
-                # where(): adding nothing for weight 0 leaves the sums bit-for-bit as skipping.
-                term = torch.where(positive, value * weight, 0.0)
-                self.weighted[key] = self.weighted.get(key, 0.0) + term
-                self.weights[key] = self.weights.get(key, 0.0) + torch.where(positive, weight, 0.0)
-            elif weight > 0:
-                self.weighted[key] = self.weighted.get(key, 0.0) + value * weight
-                self.weights[key] = self.weights.get(key, 0.0) + weight
+    def _add_means(self, means: dict[str, Any], weight: Any, device: Any) -> None:
+        import torch
+
+        f64 = torch.float64
+        if self._vectors is None:  # the float path's sums so far become the vectors' start
+            self._keys = list(self.weighted)
+            self._vectors = (_stack(list(self.weighted.values()), device),
+                             _stack(list(self.weights.values()), device))  # fmt: skip
+            self.weighted, self.weights = {}, {}
+            self._zero = torch.zeros((), dtype=f64, device=device)
+        new = [k for k in means if k not in self._keys]
+        if new:
+            self._keys += new
+            zeros = torch.zeros(len(new), dtype=f64, device=device)
+            weighted, weights = self._vectors
+            self._vectors = (torch.cat([weighted, zeros]), torch.cat([weights, zeros]))
+        w = torch.as_tensor(weight, dtype=f64, device=device)
+        take = w > 0
+        if len(means) < len(self._keys):  # keys this micro-batch lacks add exactly nothing
+            present = [k in means for k in self._keys]
+            take = take & torch.tensor(present, device=device)
+        zero = self._zero
+        values = _stack([means.get(k, zero) for k in self._keys], device)
+        weighted, weights = self._vectors
+        self._vectors = (
+            weighted + torch.where(take, values * w, zero),
+            weights + torch.where(take, w, zero),
+        )
 
     def reduce(
         self, distributed: bool = False, device: str = "cpu", group: Any = None
@@ -67,6 +103,10 @@ class MetricSums:
         """
         import torch
 
+        if self._vectors is not None:  # one 0-d view per key: no device work
+            weighted, weights = self._vectors
+            self.weighted = {k: weighted[i] for i, k in enumerate(self._keys)}
+            self.weights = {k: weights[i] for i, k in enumerate(self._keys)}
         keys_sum = set(self.weighted) | set(self.sums)
         keys_max = set(self.maxima)
         if distributed:
