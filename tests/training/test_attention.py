@@ -73,6 +73,8 @@ def test_packed_sequences_attend_only_within_themselves() -> None:
     bounds = [0, 5, 6, 13]
     q, k, v = (torch.randn(1, 13, h, 8, generator=gen) for h in (4, 2, 2))
     out = packed_causal_sdpa(q, k, v, bounds)
+    # [1, T, h, d] laid out in that order: flattening the heads is a view, not a copy.
+    assert out.shape == (1, 13, 4, 8) and out.is_contiguous()
     for a, b in itertools.pairwise(bounds):
         alone = reference(q[:, a:b], k[:, a:b], v[:, a:b])
         torch.testing.assert_close(out[:, a:b], alone, atol=2e-6, rtol=1e-5)

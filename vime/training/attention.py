@@ -131,10 +131,12 @@ def packed_causal_sdpa(
     if len(sizes) == 1:
         return _sdpa(q, k, v, dropout, scale, gqa).transpose(1, 2)
     outs = [
-        _sdpa(*parts, dropout, scale, gqa)
+        _sdpa(*parts, dropout, scale, gqa).transpose(1, 2)
         for parts in zip(q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), strict=True)
     ]
-    return torch.cat(outs, dim=2).transpose(1, 2)
+    # Joined along the tokens: a contiguous [1, T, h, d], so the callers' reshape to
+    # [T, h * d] is a view, not a second copy of the whole output.
+    return torch.cat(outs, dim=1)
 
 
 def _bounds_from_positions(position_ids: torch.Tensor | None, length: int) -> list[int]:
