@@ -94,12 +94,14 @@ class QKFusedSelfAttention(SelfAttention):
         if known is None:
             config = self.config
             norms = (_norm_weight(self.q_layernorm), _norm_weight(self.k_layernorm))
+            cp = getattr(getattr(self, "pg_collection", None), "cp", None)
+            # getattr: options a megatron-core version may not have are off there
             known = not (
-                config.no_rope_freq
-                or config.attention_output_gate
-                or config.rotary_interleaved
+                getattr(config, "no_rope_freq", None)
+                or getattr(config, "attention_output_gate", False)
+                or getattr(config, "rotary_interleaved", False)
                 or config.num_query_groups < self.world_size
-                or self.pg_collection.cp.size() != 1
+                or (cp is not None and cp.size() != 1)
                 or _mscale(config) != 1.0
                 or any(w is False for w in norms)
                 or (norms[0] is None) != (norms[1] is None)
