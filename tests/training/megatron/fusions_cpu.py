@@ -79,7 +79,7 @@ def step_with_counts(
 
 # Ops that launch no kernel on CUDA: allocations and metadata.
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
-              "lift_fresh", "_to_copy_noop", "set_", "resize_", "_local_scalar_dense"}  # fmt: skip
+              "lift_fresh", "set_", "resize_", "_local_scalar_dense"}  # fmt: skip
 
 
 def _count_launches(trainer: Any) -> dict[str, Any]:

@@ -21,6 +21,15 @@ def runs_here(t: torch.Tensor) -> bool:
     return t.numel() > 0 and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
+def reduction_programs(device: torch.device) -> int:
+    """Programs for a kernel whose programs each reduce a share of the rows into partial sums:
+    four per multiprocessor on CUDA; a few under the interpreter, which still exercises the
+    partial sums."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count * 4
+
+
 def norm_weight_grad(weight: torch.Tensor, partial: torch.Tensor) -> torch.Tensor:
     """A norm weight's gradient from its kernel's fp32 per-program partial sums
     (``[programs, width]``, any strides): their column sums in the weight's dtype.

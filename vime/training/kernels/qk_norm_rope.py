@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vime.training.kernels import norm_weight_grad, runs_here
+from vime.training.kernels import norm_weight_grad, reduction_programs, runs_here
 from vime.training.kernels.rope import _rotate_halves
 
 
@@ -71,12 +71,6 @@ def split_norm_rope(
         if w is not None and w.shape != (head_dim,):
             raise ValueError(f"qk_norm_rope: norm weight {tuple(w.shape)} for heads of {head_dim}")
     return _QKNormRope.apply(mixed, q_weight, k_weight, eps, angles, positions, heads_per_group)
-
-
-def _programs(device: torch.device, tokens: int) -> int:
-    if device.type != "cuda":
-        return min(tokens, 3)  # the interpreter: a few programs still exercise the partial sums
-    return min(tokens, torch.cuda.get_device_properties(device).multi_processor_count * 4)
 
 
 def _blocks(groups: int, heads_per_group: int, head_dim: int) -> dict[str, int]:
@@ -140,7 +134,7 @@ class _QKNormRope(torch.autograd.Function):
         dmixed = torch.empty((tokens, groups, mixed.shape[2]), dtype=mixed.dtype,
                              device=mixed.device)  # fmt: skip
         norm = q_weight is not None
-        programs = _programs(mixed.device, tokens)
+        programs = min(tokens, reduction_programs(mixed.device))
         per_program = (tokens + programs - 1) // programs
         programs = (tokens + per_program - 1) // per_program
         # every program writes its row of partial sums (with norms; untouched without)

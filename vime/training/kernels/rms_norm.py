@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vime.training.kernels import norm_weight_grad, runs_here
+from vime.training.kernels import norm_weight_grad, reduction_programs, runs_here
 
 # Rows wider than this are left to torch: one row must fit a program's registers.
 MAX_FUSED_WIDTH = 16384
@@ -67,12 +67,6 @@ def _block_rows(width: int) -> tuple[int, int, int]:
     return block_m, block_n, warps
 
 
-def _programs(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few programs still exercise the partial sums
-    return torch.cuda.get_device_properties(device).multi_processor_count * 4
-
-
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -99,7 +93,7 @@ class _RMSNorm(torch.autograd.Function):
         dx = torch.empty((rows, width), dtype=x2.dtype, device=x2.device)
         block_m, block_n, warps = _block_rows(width)
         tiles = (rows + block_m - 1) // block_m
-        programs = min(tiles, _programs(x2.device))
+        programs = min(tiles, reduction_programs(x2.device))
         rows_per_program = ((tiles + programs - 1) // programs) * block_m
         programs = (rows + rows_per_program - 1) // rows_per_program
         partial = torch.empty((programs, width), dtype=torch.float32, device=x2.device)
