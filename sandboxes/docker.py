@@ -39,7 +39,9 @@ ENGINE_HINT = (
 IMAGE_HINT = "build it with .ci/docker_setup.sh, or pass image=... naming an image that has python3"
 
 _GRACE = 1.0  # seconds past a call's timeout before the client kills its processes itself
-_DRAIN = 2.0  # seconds to wait for the output to end after that kill
+# Seconds to wait for the output to end after that kill. Generous: on a loaded machine the
+# engine may deliver a finished command's last output seconds after it reports the exit.
+_DRAIN = 5.0
 _POLL = 0.1  # how often a blocked read wakes up to look at the deadline and cancellation
 # While the output is idle, ask whether the command exited after 0.5 s, then at doubling
 # intervals up to 4 s: a busy engine must not be flooded with inspects by many slow calls.
@@ -236,6 +238,28 @@ class _Capture:
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
+
+
+class _Frames:
+    """Docker's multiplexed output of one exec, split into its stdout and stderr.
+
+    Each frame is an 8-byte header (stream 1 = stdout, 2 = stderr; big-endian length)
+    followed by its payload. A frame cut between two reads waits here for its rest.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.out, self.err = _Capture(cap), _Capture(cap)
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> None:
+        buffer = self.pending + chunk
+        while len(buffer) >= 8:
+            size = struct.unpack(">I", buffer[4:8])[0]
+            if len(buffer) < 8 + size:
+                break
+            (self.out if buffer[0] == 1 else self.err).add(buffer[8 : 8 + size])
+            buffer = buffer[8 + size :]
+        self.pending = buffer
 
 
 class DockerSandbox(Sandbox):
@@ -506,20 +530,21 @@ class DockerSandbox(Sandbox):
         except docker.errors.APIError as exc:
             raise SandboxError(f"docker exec failed in sandbox {self.id}: {exc}") from exc
         raw = getattr(sock, "_sock", sock)
-        out, err = _Capture(self.limits.max_output_bytes), _Capture(self.limits.max_output_bytes)
+        frames = _Frames(self.limits.max_output_bytes)
+        frames.feed(_read_ahead(sock, raw))
         with _lock:
             self._in_flight += 1
         try:
             try:
                 if payload:
-                    _send_then_close(raw, payload)
-                outcome = _pump(raw, out, err, started + limit + _GRACE, cancelled, exec_id)
+                    _send_then_close(raw, payload, started + limit + _GRACE)
+                outcome = _pump(raw, frames, started + limit + _GRACE, cancelled, exec_id)
                 if outcome != "eof":
                     # Kill what is left of the call: on a timeout, everything; after the
                     # command exited, what it left holding its output open (dockerd stalls the
                     # container's next calls for seconds while an exec's output stays open).
                     self._kill_call(marker)
-                    _pump(raw, out, err, time.monotonic() + _DRAIN, threading.Event(), exec_id)
+                    _pump(raw, frames, time.monotonic() + _DRAIN, threading.Event(), None)
             finally:
                 sock.close()
             duration = time.monotonic() - started
@@ -534,6 +559,7 @@ class DockerSandbox(Sandbox):
         finally:
             with _lock:
                 self._in_flight -= 1
+        out, err = frames.out, frames.err
         stderr = err.text()
         if code == 137 and not timed_out and self._new_oom_kill():
             stderr += (
@@ -632,18 +658,48 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"could not read {where}: a bad archive ({exc})") from None
 
 
-def _send_then_close(raw: Any, payload: bytes) -> None:
+def _read_ahead(sock: Any, raw: Any) -> bytes:
+    """The output the HTTP client already read past the exec's upgrade response.
+
+    docker-py parses that response's headers through a buffered reader over the socket; when
+    the command's first output arrived with them (a fast command on a busy machine), it waits
+    in that reader's buffer, and the bare socket, which is what is read from then on, no
+    longer has it.
+    """
+    response = getattr(sock, "_response", None)
+    reader = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if not hasattr(reader, "peek"):
+        return b""
+    timeout = raw.gettimeout()
+    raw.settimeout(0)  # peek reads the socket only when its buffer is empty: never wait there
+    try:
+        ahead = reader.peek(1)
+        return reader.read(len(ahead)) if ahead else b""
+    except OSError:
+        return b""
+    finally:
+        raw.settimeout(timeout)
+
+
+def _send_then_close(raw: Any, payload: bytes, deadline: float) -> None:
     """Send the call's stdin, then half-close so the command sees end of input.
 
     A thread sends it when it is large, so that a command that writes before it reads
-    cannot deadlock against us.
+    cannot deadlock against us. The socket's timeout is the reader's (a short poll), so a
+    send that times out is tried again until ``deadline``, never taken for an error.
     """
 
     def send() -> None:
+        view = memoryview(payload)
         try:
-            raw.sendall(payload)
+            while view:
+                try:
+                    view = view[raw.send(view) :]
+                except (TimeoutError, BlockingIOError):
+                    if time.monotonic() >= deadline:
+                        return
             raw.shutdown(socket.SHUT_WR)
-        except OSError:  # the command exited without reading everything
+        except OSError:  # the command exited without reading everything, or the call ended
             pass
 
     if len(payload) <= 64 << 10:
@@ -652,35 +708,38 @@ def _send_then_close(raw: Any, payload: bytes) -> None:
         threading.Thread(target=send, name="vime-docker-stdin", daemon=True).start()
 
 
-def _running(exec_id: str) -> bool:
-    """Whether the exec's command is still running (as far as the engine can tell)."""
+def _finished(exec_id: str) -> bool:
+    """Whether the exec's command has exited, as far as the engine can tell.
+
+    An exec the engine has not started yet also reads as not running; only an exit code
+    tells that it ran and ended.
+    """
     import docker
 
     try:
-        return bool(api().exec_inspect(exec_id)["Running"])
+        state = api().exec_inspect(exec_id)
     except docker.errors.NotFound:  # the container went away
-        return False
-    except docker.errors.APIError:  # a hiccup of the engine: keep waiting for the output
         return True
+    except docker.errors.APIError:  # a hiccup of the engine: keep waiting for the output
+        return False
+    return not state["Running"] and state["ExitCode"] is not None
 
 
 def _pump(
     raw: Any,
-    out: _Capture,
-    err: _Capture,
+    frames: _Frames,
     deadline: float,
     cancelled: threading.Event,
-    exec_id: str,
+    exec_id: str | None,
 ) -> str:
-    """Read Docker's multiplexed output of one exec until it ends.
+    """Read one exec's output into ``frames`` until it ends.
 
     Returns "eof"; "exited" when the command exited but something it left in the background
-    still holds its output open (checked while the stream is idle); "deadline"; or
-    "cancelled". Each frame is an 8-byte header (stream 1 = stdout, 2 = stderr; big-endian
-    length) followed by its payload.
+    still holds its output open (checked while the stream is idle, unless ``exec_id`` is
+    None: then only the end of the output or the deadline stops it); "deadline"; or
+    "cancelled".
     """
     raw.settimeout(_POLL)
-    buffer = b""
     exited = 0.0
     check_at, wait = time.monotonic() + _FIRST_CHECK, _FIRST_CHECK
     while True:
@@ -694,8 +753,8 @@ def _pump(
         try:
             chunk = raw.recv(1 << 16)
         except TimeoutError:
-            if not exited and now >= check_at:
-                if not _running(exec_id):
+            if exec_id is not None and not exited and now >= check_at:
+                if _finished(exec_id):
                     exited = now
                 wait = min(wait * 2, _MAX_CHECK)
                 check_at = now + wait
@@ -704,10 +763,4 @@ def _pump(
             return "eof"  # the connection was torn down: the container is gone
         if not chunk:
             return "eof"
-        buffer += chunk
-        while len(buffer) >= 8:
-            size = struct.unpack(">I", buffer[4:8])[0]
-            if len(buffer) < 8 + size:
-                break
-            (out if buffer[0] == 1 else err).add(buffer[8 : 8 + size])
-            buffer = buffer[8 + size :]
+        frames.feed(chunk)

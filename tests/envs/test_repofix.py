@@ -163,18 +163,20 @@ async def test_a_bash_command_runs_in_the_repository_root(env):
 )
 async def test_sixty_four_concurrent_episodes_share_nothing(backend):
     envs = [RepoFixEnv(tasks=[TASK], sandbox=backend) for _ in range(64)]
-    await asyncio.gather(*(e.areset(options={"task": TASK}) for e in envs))
-    await asyncio.gather(
-        *(
-            tool_text(e, "bash", command=f"echo {i} > marker-{i} && echo x >> stats.py")
-            for i, e in enumerate(envs)
+    try:
+        await asyncio.gather(*(e.areset(options={"task": TASK}) for e in envs))
+        await asyncio.gather(
+            *(
+                tool_text(e, "bash", command=f"echo {i} > marker-{i} && echo x >> stats.py")
+                for i, e in enumerate(envs)
+            )
         )
-    )
-    seen = await asyncio.gather(
-        *(tool_text(e, "bash", command="ls marker-* && wc -l < stats.py") for e in envs)
-    )
-    assert seen == [f"marker-{i}\n14" for i in range(64)]
-    await asyncio.gather(*(e.sandbox.close() for e in envs))
+        seen = await asyncio.gather(
+            *(tool_text(e, "bash", command="ls marker-* && wc -l < stats.py") for e in envs)
+        )
+        assert seen == [f"marker-{i}\n14" for i in range(64)]
+    finally:  # a failure here must not leave 64 sandboxes to the next tests
+        await asyncio.gather(*(e.sandbox.close() for e in envs))
 
 
 @pytest.mark.parametrize(

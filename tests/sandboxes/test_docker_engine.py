@@ -5,6 +5,7 @@ test_containment.py (it includes docker when an engine runs)."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import shutil
 import statistics
@@ -185,6 +186,22 @@ async def test_concurrent_calls_in_one_sandbox_keep_their_own_output(box):
         *(box.run(["sh", "-c", f"echo {i}; echo e{i} >&2"]) for i in range(8))
     )
     assert [(r.stdout, r.stderr) for r in results] == [(f"{i}\n", f"e{i}\n") for i in range(8)]
+
+
+async def test_output_that_came_with_the_engines_upgrade_response_is_kept(box, monkeypatch):
+    # On a busy machine the client reads the exec's upgrade response late, when a fast
+    # command's output already waits behind it on the connection: read it then.
+    begin = http.client.HTTPResponse.begin
+
+    def late_begin(self):
+        time.sleep(0.5)
+        return begin(self)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
+    results = [await box.run(f"echo {i}; echo e{i} >&2") for i in range(3)]
+    assert [(r.stdout, r.stderr, r.exit_code) for r in results] == [
+        (f"{i}\n", f"e{i}\n", 0) for i in range(3)
+    ]
 
 
 async def test_files_over_the_size_limit_are_refused():

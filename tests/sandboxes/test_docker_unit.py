@@ -112,7 +112,7 @@ def test_sandboxes_of_other_hosts_are_never_judged_dead():
 
 def pump(chunks: list[bytes], cap: int, deadline: float = 5.0):
     ours, theirs = socket.socketpair()
-    out, err = docker_backend._Capture(cap), docker_backend._Capture(cap)
+    frames = docker_backend._Frames(cap)
 
     def feed() -> None:
         for chunk in chunks:
@@ -122,10 +122,10 @@ def pump(chunks: list[bytes], cap: int, deadline: float = 5.0):
     threading.Thread(target=feed).start()
     try:
         end = time.monotonic() + deadline
-        outcome = docker_backend._pump(ours, out, err, end, threading.Event(), "unused")
+        outcome = docker_backend._pump(ours, frames, end, threading.Event(), "unused")
     finally:
         ours.close()
-    return outcome, out, err
+    return outcome, frames.out, frames.err
 
 
 def test_docker_output_frames_are_split_into_stdout_and_stderr():
@@ -147,15 +147,102 @@ def test_output_beyond_the_cap_is_dropped_and_flagged():
 
 def test_reading_stops_at_the_deadline_while_the_output_stays_open():
     ours, theirs = socket.socketpair()
-    out, err = docker_backend._Capture(10), docker_backend._Capture(10)
+    frames = docker_backend._Frames(10)
     started = time.monotonic()
     try:
-        outcome = docker_backend._pump(ours, out, err, started + 0.3, threading.Event(), "x")
+        outcome = docker_backend._pump(ours, frames, started + 0.3, threading.Event(), None)
     finally:
         ours.close()
         theirs.close()
     assert outcome == "deadline"
     assert 0.3 <= time.monotonic() - started < 1.0
+
+
+def test_a_frame_cut_between_the_read_and_the_drain_after_the_kill_stays_whole():
+    stream = frame(1, b"first\n") + frame(2, b"second\n")
+    ours, theirs = socket.socketpair()
+    frames = docker_backend._Frames(1 << 20)
+    try:
+        theirs.sendall(stream[:11])  # the first frame's header and 3 of its 6 bytes
+        end = time.monotonic() + 0.3
+        assert docker_backend._pump(ours, frames, end, threading.Event(), None) == "deadline"
+        theirs.sendall(stream[11:])
+        theirs.close()
+        end = time.monotonic() + 5
+        assert docker_backend._pump(ours, frames, end, threading.Event(), None) == "eof"
+    finally:
+        ours.close()
+    assert (frames.out.text(), frames.err.text()) == ("first\n", "second\n")
+
+
+class _Response:
+    """The attribute path docker-py's upgraded exec socket keeps to its HTTP response."""
+
+    def __init__(self, reader) -> None:
+        self.raw = type("Raw", (), {"_fp": type("Fp", (), {"fp": reader})()})()
+
+
+def test_output_read_ahead_with_the_upgrade_headers_is_not_lost():
+    # A fast command's first frame can arrive with the engine's upgrade response; the HTTP
+    # client's buffered reader then holds it, and the bare socket no longer does.
+    ours, theirs = socket.socketpair()
+    body = frame(1, b"m-61\n14\n")
+    theirs.sendall(b"HTTP/1.1 101 UPGRADED\r\nUpgrade: tcp\r\n\r\n" + body)
+    theirs.close()
+    reader = ours.makefile("rb")
+    while reader.readline() != b"\r\n":  # the client parses the headers through its buffer
+        pass
+    sock = type("Upgraded", (), {"_response": _Response(reader)})()
+    frames = docker_backend._Frames(1 << 20)
+    try:
+        frames.feed(docker_backend._read_ahead(sock, ours))
+        end = time.monotonic() + 5
+        assert docker_backend._pump(ours, frames, end, threading.Event(), None) == "eof"
+    finally:
+        ours.close()
+    assert frames.out.text() == "m-61\n14\n"
+
+
+def test_reading_ahead_never_waits_for_output_that_has_not_come():
+    ours, theirs = socket.socketpair()
+    sock = type("Upgraded", (), {"_response": _Response(ours.makefile("rb"))})()
+    started = time.monotonic()
+    try:
+        assert docker_backend._read_ahead(sock, ours) == b""
+        assert docker_backend._read_ahead(object(), ours) == b""  # no HTTP response to look at
+    finally:
+        ours.close()
+        theirs.close()
+    assert time.monotonic() - started < 0.5
+
+
+def test_large_stdin_arrives_whole_while_the_reader_polls_with_a_short_timeout():
+    # The output reader puts a 0.1 s timeout on the socket the stdin thread sends on; a
+    # command slower than that at reading its stdin must still get all of it, then its end.
+    ours, theirs = socket.socketpair()
+    payload = os.urandom(4 << 20)
+    received = bytearray()
+    try:
+        ours.settimeout(docker_backend._POLL)
+        docker_backend._send_then_close(ours, payload, time.monotonic() + 30)
+        while chunk := theirs.recv(1 << 16):
+            received += chunk
+            time.sleep(0.002)
+    finally:
+        ours.close()
+        theirs.close()
+    assert bytes(received) == payload
+
+
+def test_reading_ahead_leaves_the_socket_blocking_as_it_was():
+    ours, theirs = socket.socketpair()
+    sock = type("Upgraded", (), {"_response": _Response(ours.makefile("rb"))})()
+    try:
+        docker_backend._read_ahead(sock, ours)
+        assert ours.gettimeout() is None
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_a_forked_child_has_its_own_owner_tag_and_no_inherited_sandboxes(monkeypatch):
