@@ -144,7 +144,7 @@ def build_trainer(
     extra: list[str],
     attn: str = "packed_sdpa",
     trainer_off: tuple[str, ...] = (),
-    weight_copy: bool = False,
+    weight_copy: bool | None = None,
 ) -> Any:
     """A random-weight trainer of ``backend`` (or the ``plain`` baseline) for ``model``."""
     import torch
@@ -277,7 +277,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             args.megatron_args.split(),
             args.attn,
             tuple(x for x in args.trainer_off.split(",") if x),
-            args.weight_copy,
+            False if args.autocast else None,
         )
     batch = make_batch(args.samples, args.seq_len, arch.vocab_size)
     with attention_backends(args.sdpa):
@@ -445,7 +445,7 @@ def main() -> None:
         "--backends",
         default="plain,megatron+export,torch",
         help="comma-separated variants: "
-        "backend[+cudnn][+packN][+masked][+unfused][+no-NAME][+weight-copy][+profile][+cprofile]"
+        "backend[+cudnn][+packN][+masked][+unfused][+no-NAME][+autocast][+profile][+cprofile]"
         "[+export]; "
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
         "cuDNN attention first; packN: N sequences per micro-batch; masked: the torch backend "
@@ -455,7 +455,8 @@ def main() -> None:
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
         "no-qk-norm-rope, "
         "no-output-softmax, no-hf-rms-norm, no-hf-swiglu and no-hf-rope for the torch backend); "
-        "weight-copy: the torch backend with --bf16-weight-copy; export: time export_weights; "
+        "autocast: the torch backend with --no-bf16-weight-copy (its default on a GPU is the "
+        "bf16 weight copy); export: time export_weights; "
         "profile: print a kernel profile of one step and the GPU's idle gaps; cprofile: print where the host's time goes over three steps)",
     )
     p.add_argument("--seq-len", type=int, default=4096)
@@ -485,7 +486,7 @@ def main() -> None:
     p.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--trainer-off", default="", help=argparse.SUPPRESS)
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--weight-copy", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--backend", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -518,7 +519,7 @@ def main() -> None:
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
             cmd += [f"--trainer-off={','.join(sorted(set(trainer_off)))}"]
             cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
-            cmd += ["--weight-copy"] if "weight-copy" in opts else []
+            cmd += ["--autocast"] if "autocast" in opts else []
             packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
             cmd += [f"--pack={packs[0]}"] if packs else []
             cmd += ["--attn=sdpa"] if "masked" in opts else []

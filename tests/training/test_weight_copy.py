@@ -25,7 +25,7 @@ def with_copy(model, **overrides) -> TorchTrainer:
 def pure_bf16(model, **overrides) -> TorchTrainer:
     """The reference: the model's own parameters in bf16, no autocast; gradients of each
     micro-batch summed in float32 (``summed``), the model's own ``.grad`` left empty."""
-    trainer = TorchTrainer(config(model, dtype="bfloat16", **overrides))
+    trainer = TorchTrainer(config(model, dtype="bfloat16", bf16_weight_copy=False, **overrides))
     with torch.no_grad():
         for p in trainer.model.parameters():  # buffers (RoPE's inv_freq) stay as they are
             p.data = p.data.to(torch.bfloat16)
@@ -158,11 +158,31 @@ def test_the_flag_reaches_the_trainer_from_vime_train(untied_qwen3, tmp_path):
 
     argv = ["train", "--model", str(untied_qwen3), "--env", "vime/Math-v0"]
     argv += ["--output-dir", str(tmp_path), "--dtype", "bfloat16"]
-    for extra, on in (([], False), (["--bf16-weight-copy"], True)):
+    # Unset on the CPU: autocast, as the quickstart's measured runs had it.
+    for extra, setting, on in (([], None, False), (["--bf16-weight-copy"], True, True),
+                               (["--no-bf16-weight-copy"], False, False)):  # fmt: skip
         setup = build_setup(parse_args([*argv, *extra]))
-        assert setup.trainer.bf16_weight_copy is on
+        assert setup.trainer.bf16_weight_copy is setting
         trainer = TorchTrainer(setup.trainer, setup.loss)
         assert (trainer.weight_copy is not None) is on
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "dtype", "processes", "on"),
+    [
+        (None, "cuda", "bfloat16", 1, True),  # the GPU default
+        (None, "cuda", "bfloat16", 2, False),  # FSDP2's policy casts
+        (None, "cuda", "float32", 1, False),
+        (None, "cpu", "bfloat16", 1, False),  # the CPU keeps autocast unless asked
+        (False, "cuda", "bfloat16", 1, False),
+        (True, "cpu", "bfloat16", 1, True),
+        (True, "cuda", "bfloat16", 2, True),  # asked for: the trainer then refuses it
+    ],
+)
+def test_unset_means_on_for_bf16_on_one_gpu(setting, device, dtype, processes, on):
+    from vime.training.torch_backend import wants_weight_copy
+
+    assert wants_weight_copy(setting, device, dtype, processes) is on
 
 
 def test_lora_trains_its_adapters_on_the_copy_of_the_frozen_base(tiny_llama):

@@ -61,14 +61,16 @@ class TrainerConfig:
         "over the whole packed micro-batch through a block-causal mask",
     )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
-    bf16_weight_copy: bool = option(
-        False,
-        help="torch backend in one process with --dtype bfloat16: forward and backward run on a "
-        "bfloat16 copy of the float32 weights, refreshed after each optimizer step, and each "
-        "weight's gradient is added into its float32 master's as backward finishes it; the "
-        "whole model then computes in bfloat16 (residual stream included), as the inference "
-        "engine does. Off: autocast, which casts every weight per micro-batch and keeps the "
-        "residual stream in float32",
+    bf16_weight_copy: bool | None = option(
+        None,
+        help="torch backend: forward and backward run on a bfloat16 copy of the float32 weights, "
+        "refreshed after each optimizer step, and each weight's gradient is added into its "
+        "float32 master's as backward finishes it; the whole model then computes in bfloat16 "
+        "(residual stream included), as the inference engine, the megatron backend and FSDP2's "
+        "bf16 policy do. Unset: on for bfloat16 compute on a GPU in one trainer process, off "
+        "elsewhere (the CPU keeps autocast); --bf16-weight-copy insists (an error "
+        "where it cannot apply); --no-bf16-weight-copy uses autocast, which casts every weight "
+        "per micro-batch and keeps the residual stream in float32",
     )
     hf_rms_norm_fusion: bool = option(
         True,
@@ -136,7 +138,7 @@ class TrainerConfig:
             raise ConfigError(
                 f"--lora-rank needs --backend torch; LoRA is not implemented for {self.backend}"
             )
-        if self.bf16_weight_copy and (self.backend != "torch" or self.dtype == "float32"):
+        if self.bf16_weight_copy is True and (self.backend != "torch" or self.dtype == "float32"):
             raise ConfigError(
                 "--bf16-weight-copy needs --backend torch and --dtype bfloat16 (or auto on a "
                 f"GPU), got --backend {self.backend} --dtype {self.dtype}; the megatron backend "

@@ -25,11 +25,21 @@ if TYPE_CHECKING:
     from vime.training.packing import MicroBatch
 
 
+def wants_weight_copy(setting: bool | None, device_type: str, dtype: str, processes: int) -> bool:
+    """Whether a trainer runs on a bf16 weight copy: ``--bf16-weight-copy`` as set, and unset,
+    for bfloat16 compute on a GPU in one process. The CPU keeps autocast unless asked: its
+    quickstart's learning outcome (the README's table) was measured with autocast."""
+    if setting is not None:
+        return setting
+    return device_type == "cuda" and dtype == "bfloat16" and processes == 1
+
+
 class TorchTrainer(Trainer):
     """Trainer backend on transformers + torch; SPMD over the default process group if any.
 
     Parameters stay float32 (the optimizer's master copy); with ``dtype=bfloat16`` the
-    forward and backward run in bf16 (FSDP2 mixed precision, or autocast in one process).
+    forward and backward run in bf16 (FSDP2 mixed precision, or in one process a bf16 copy of
+    the weights: :mod:`vime.training.weight_copy`; autocast with ``--no-bf16-weight-copy``).
     """
 
     def __init__(self, config: TrainerConfig, loss: LossConfig | None = None) -> None:
@@ -54,7 +64,7 @@ class TorchTrainer(Trainer):
         torch.manual_seed(config.seed + self.rank)
         self.model = self._load_model()
         self.weight_copy = None
-        if config.bf16_weight_copy:
+        if wants_weight_copy(config.bf16_weight_copy, self.device.type, dtype, self.world_size):
             from vime.errors import ConfigError
             from vime.training.weight_copy import WeightCopy
 

@@ -1,7 +1,8 @@
 """A low-precision copy of a model's float32 weights for forward and backward.
 
-With ``--bf16-weight-copy`` the torch backend's parameters stay float32 (the optimizer's master
-weights: checkpoints, export and the optimizer see only them), and each train step runs on a
+With ``--bf16-weight-copy`` (the default for bf16 on one GPU) the torch backend's parameters
+stay float32 (the optimizer's master weights: checkpoints, export and the optimizer see only
+them), and each train step runs on a
 bfloat16 copy swapped into the modules: the copy is refreshed once after each optimizer step,
 not cast again by autocast for every micro-batch, and the whole model computes in bfloat16 as
 the inference engine does, residual stream included (under autocast that stream stays float32
