@@ -14,8 +14,10 @@ megatron runs also time ``export_weights`` into pinned CPU memory.
     python bench/train_mfu.py --models qwen3-moe-16x2 --backends megatron \
         --megatron-args "--use-distributed-optimizer --moe-aux-loss-coeff 0.001"
 
-On the device machine: install the carried wheels (megatron-core and its pure-Python needs)
-into a folder on PYTHONPATH with the checkout, and link envs/, agents/ and sandboxes/ as
+On the device machine: install the carried wheels into a folder on PYTHONPATH with the
+checkout (megatron-core, and what ``import vime`` needs beyond that machine's image: gymnasium,
+farama-notifications, pydantic, pydantic-core, annotated-types, typing-inspection and
+docstring-parser, each for CPython 3.12), and link envs/, agents/ and sandboxes/ as
 vime/envs etc. (the package layout setup.py maps); ``--reference PATH`` runs
 ``../shared/bench/hf_train_baseline.py`` (carried as an untracked copy) first in the same run,
 as the ``reference`` rows and the ``x ref`` column.
