@@ -53,6 +53,35 @@ TRAINER_FUSIONS = {
 }
 
 
+BACKENDS = ("plain", "megatron", "torch")
+OPTIONS = frozenset({"cudnn", "masked", "unfused", "autocast", "profile", "cprofile", "export"})
+RENAMED = {"weight-copy": "the bf16 weight copy is the torch backend's default on a GPU now; "
+           "torch+autocast measures the autocast path"}  # fmt: skip
+
+
+def check_variants(backends: str) -> list[str]:
+    """The comma-separated variants of ``--backends``; an unknown backend or option is refused
+    before anything is measured (a misspelt option would otherwise measure the default)."""
+    variants = [v for v in backends.split(",") if v]
+    for variant in variants or [""]:
+        backend, *opts = variant.split("+")
+        if backend not in BACKENDS:
+            raise SystemExit(f"--backends: {variant!r} names backend {backend!r}; known: "
+                             f"{', '.join(BACKENDS)}")  # fmt: skip
+        for opt in opts:
+            packed = opt.startswith("pack") and opt[4:].isdigit() and int(opt[4:]) > 0
+            if opt in ("autocast", "masked") and backend != "torch":
+                raise SystemExit(f"--backends: {variant!r}: {opt} is a torch backend option")
+            if opt.startswith("no-") and backend == "torch" and opt not in TRAINER_FUSIONS:
+                raise SystemExit(f"--backends: {variant!r}: the torch backend's no-NAME options are "
+                                 f"{', '.join(TRAINER_FUSIONS)}")  # fmt: skip
+            if opt in OPTIONS or packed or (opt.startswith("no-") and len(opt) > 3):
+                continue
+            why = RENAMED.get(opt, "see --help for the options")
+            raise SystemExit(f"--backends: {variant!r} has an unknown option {opt!r} ({why})")
+    return variants
+
+
 def matmul_tflops(n: int = 8192, iters: int = 10) -> float:
     """Dense bf16 ``n x n x n`` matmul rate on random data (mean of ``iters`` after warm-up)."""
     import torch
@@ -501,11 +530,12 @@ def main() -> None:
             f"step; this run asks for {args.samples} of {args.seq_len} (drop --reference, or "
             f"use --seq-len {REFERENCE_SEQ_LEN} --samples {REFERENCE_SAMPLES})"
         )
+    variants = check_variants(args.backends)
     rate = matmul_tflops()
     print(f"bf16 matmul 8192^3: {rate:.0f} TFLOP/s (reference 790)", flush=True)
     rows = reference_rows(args.reference, args.models.split(","), rate) if args.reference else []
     for model in args.models.split(","):
-        for variant in args.backends.split(","):
+        for variant in variants:
             backend, *opts = variant.split("+")
             cmd = [sys.executable, __file__, "--child", "--model", model, "--backend", backend]
             cmd += [f"--variant={variant}"]

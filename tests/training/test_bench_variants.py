@@ -1,0 +1,62 @@
+"""bench/train_mfu.py --backends: every variant is checked before anything is measured, so a
+misspelt or retired option cannot silently measure the default path under its name."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def train_mfu():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("train_mfu_variants", BENCH / "train_mfu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(BENCH))
+
+
+def test_known_variants_pass(train_mfu):
+    backends = (
+        "plain,megatron+export,megatron+no-qk-norm-rope,torch+autocast+pack4,torch+no-hf-rope"
+    )
+    assert train_mfu.check_variants(backends) == backends.split(",")
+
+
+@pytest.mark.parametrize(
+    ("backends", "message"),
+    [
+        (
+            "torch+weight-copy",
+            r"unknown option 'weight-copy' \(the bf16 weight copy is the torch "
+            r"backend's default on a GPU now; torch\+autocast",
+        ),
+        ("torch+profle", r"unknown option 'profle' \(see --help"),
+        ("trch", r"names backend 'trch'; known: plain, megatron, torch"),
+        ("megatron+autocast", r"autocast is a torch backend option"),
+        ("torch+no-qk-norm-rope", r"the torch backend's no-NAME options are no-output-softmax"),
+        ("torch+pack0", r"unknown option 'pack0'"),
+        ("", r"names backend ''"),
+    ],
+)
+def test_unknown_variants_are_refused(train_mfu, backends, message):
+    with pytest.raises(SystemExit, match=message):
+        train_mfu.check_variants(backends)
+
+
+def test_a_refused_variant_stops_the_run_before_the_gpu_is_touched(tmp_path):
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "train_mfu.py"), "--backends", "plain,torch+weight-copy"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "unknown option 'weight-copy'" in proc.stderr
+    assert "matmul" not in proc.stdout
