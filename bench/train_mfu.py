@@ -73,8 +73,9 @@ def check_variants(backends: str) -> list[str]:
             if opt in ("autocast", "masked") and backend != "torch":
                 raise SystemExit(f"--backends: {variant!r}: {opt} is a torch backend option")
             if opt.startswith("no-") and backend == "torch" and opt not in TRAINER_FUSIONS:
-                raise SystemExit(f"--backends: {variant!r}: the torch backend's no-NAME options are "
-                                 f"{', '.join(TRAINER_FUSIONS)}")  # fmt: skip
+                known = ", ".join(TRAINER_FUSIONS)
+                raise SystemExit(f"--backends: {variant!r}: the torch backend's no-NAME options "
+                                 f"are {known}")  # fmt: skip
             if opt in OPTIONS or packed or (opt.startswith("no-") and len(opt) > 3):
                 continue
             why = RENAMED.get(opt, "see --help for the options")
