@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -28,3 +29,17 @@ def untied_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trainer_data import build_untied_qwen3
 
     return build_untied_qwen3(tmp_path_factory.mktemp("untied") / "qwen3")
+
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def train_mfu():
+    """bench/train_mfu.py loaded as a module (bench/ on sys.path for its own imports)."""
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("train_mfu_under_test", BENCH / "train_mfu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(BENCH))

@@ -4,24 +4,11 @@ workload differs from the reference's is refused before any measurement."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-@pytest.fixture(scope="module")
-def train_mfu():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("train_mfu_under_test", BENCH / "train_mfu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(BENCH))
 
 
 def _script(tmp_path: Path, body: str) -> Path:

@@ -3,23 +3,12 @@ misspelt or retired option cannot silently measure the default path under its na
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-@pytest.fixture(scope="module")
-def train_mfu():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("train_mfu_variants", BENCH / "train_mfu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(BENCH))
 
 
 def test_known_variants_pass(train_mfu):
