@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -278,6 +279,23 @@ def swiglu_cases() -> dict[str, float]:
         refb.backward(gb.double())
         out[f"{name}_bf16_out_rel"] = _relative(swiglu(yb), refb.detach())
         out[f"{name}_bf16_grad_rel"] = _relative(swiglu_back(gb, yb), yb64.grad)
+    # With autograd, on a fused gate/up projection's output (what the weight copy runs).
+    from vime.training.kernels.swiglu import _GatedSilu, gated_silu
+
+    launched = []
+    apply = _GatedSilu.apply
+    _GatedSilu.apply = lambda y: launched.append(1) or apply(y)  # type: ignore[method-assign]
+    y = (torch.randn(4, 9, 2 * 1100, generator=g) * 3).requires_grad_()
+    grad = torch.randn(4, 9, 1100, generator=g)
+    gated_silu(y).backward(grad)
+    y64 = y.detach().double().requires_grad_()
+    a, b = y64.chunk(2, -1)
+    ref = F.silu(a) * b
+    ref.backward(grad.double())
+    out["gated_fp32_out"] = float((gated_silu(y.detach()).double() - ref.detach()).abs().max())
+    out["gated_fp32_grad"] = float((y.grad.double() - y64.grad).abs().max())
+    out["gated_launched"] = float(len(launched) == 2)
+    _GatedSilu.apply = apply  # type: ignore[method-assign]
     # Two tensors (transformers' gate and up projections), an odd count of elements.
     from vime.training.kernels.swiglu import silu_mul
 
@@ -576,6 +594,13 @@ def hf_module_cases(tmp: str) -> dict[str, float]:
     return out
 
 
+def _stacked_mlp(mlp, x):
+    from vime.training.kernels.swiglu import gated_silu
+
+    both = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    return mlp.down_proj(gated_silu(F.linear(x, both)))
+
+
 def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
     """--bf16-weight-copy with the hf kernels (as on CUDA) on tiny Qwen3: a train step on the
     copy against a bf16 replica of the model with the same kernels and float32 accumulation
@@ -588,7 +613,7 @@ def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
     from vime.training.torch_backend import TorchTrainer
 
     calls = [0]
-    for cls in (rms_norm._RMSNorm, swiglu._SiluMul, rope._RopeTables):
+    for cls in (rms_norm._RMSNorm, swiglu._SiluMul, swiglu._GatedSilu, rope._RopeTables):
 
         def counted(*a, fn=cls.apply):
             calls[0] += 1
@@ -608,6 +633,9 @@ def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
             with torch.no_grad():
                 for param in trainer.model.parameters():
                     param.data = param.data.to(torch.bfloat16)
+            for module in trainer.model.modules():
+                if type(module).__name__ == "Qwen3MLP":  # the copy stacks gate and up
+                    module.forward = types.MethodType(_stacked_mlp, module)
             for n, param in trainer.model.named_parameters():
 
                 def add(p, n=n, grads=grads):

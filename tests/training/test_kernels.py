@@ -61,6 +61,8 @@ def test_swiglu_kernels_equal_the_unfused_math():
     assert {k for k in d if k.startswith("pair_")} == {
         f"pair_{t}_{x}" for t in ("fp32", "bf16") for x in ("out", "grad_a", "grad_b")
     }
+    assert d.pop("gated_launched") == 1.0  # forward and backward through the kernel
+    assert {"gated_fp32_out", "gated_fp32_grad"} <= set(d)
     for key, value in d.items():
         if "fp32" in key:
             assert value < 2e-5, (key, value)

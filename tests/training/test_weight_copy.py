@@ -9,6 +9,7 @@ autocast, in a trainer of its own.
 from __future__ import annotations
 
 import contextlib
+import types
 
 import pytest
 import torch
@@ -22,14 +23,27 @@ def with_copy(model, **overrides) -> TorchTrainer:
     return TorchTrainer(config(model, dtype="bfloat16", bf16_weight_copy=True, **overrides))
 
 
-def pure_bf16(model, **overrides) -> TorchTrainer:
+def stacked_mlp(mlp, x):
+    """A gated MLP whose gate and up projections are one matmul by the two weights stacked
+    (as the copy runs them): ``[a, b] = x [W_gate; W_up]^T``, ``down(silu(a) * b)``."""
+    both = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    a, b = torch.nn.functional.linear(x, both).chunk(2, dim=-1)
+    return mlp.down_proj(torch.nn.functional.silu(a) * b)
+
+
+def pure_bf16(model, stacked: bool = True, **overrides) -> TorchTrainer:
     """The reference: the model's own parameters in bf16, no autocast; gradients of each
-    micro-batch summed in float32 (``summed``), the model's own ``.grad`` left empty."""
+    micro-batch summed in float32 (``summed``), the model's own ``.grad`` left empty; its
+    gated MLPs through :func:`stacked_mlp` unless ``stacked`` is False (LoRA-wrapped
+    projections are not stacked by the copy)."""
     trainer = TorchTrainer(config(model, dtype="bfloat16", bf16_weight_copy=False, **overrides))
     with torch.no_grad():
         for p in trainer.model.parameters():  # buffers (RoPE's inv_freq) stay as they are
             p.data = p.data.to(torch.bfloat16)
     trainer._autocast = contextlib.nullcontext
+    for module in trainer.model.modules():
+        if stacked and type(module).__name__.endswith("MLP"):
+            module.forward = types.MethodType(stacked_mlp, module)
     trainer.summed = {}
     for name, param in trainer.model.named_parameters():
         if not param.requires_grad:
@@ -165,6 +179,12 @@ def test_the_flag_reaches_the_trainer_from_vime_train(untied_qwen3, tmp_path):
         assert setup.trainer.bf16_weight_copy is setting
         trainer = TorchTrainer(setup.trainer, setup.loss)
         assert (trainer.weight_copy is not None) is on
+        if on:  # every layer's gate and up projections share one copy
+            layers = trainer.model.model.layers
+            assert [m for m, _ in trainer.weight_copy._gate_up] == [x.mlp for x in layers]
+    # --no-hf-swiglu-fusion keeps transformers' MLP, and its two projections
+    setup = build_setup(parse_args([*argv, "--bf16-weight-copy", "--no-hf-swiglu-fusion"]))
+    assert TorchTrainer(setup.trainer, setup.loss).weight_copy._gate_up == []
 
 
 @pytest.mark.parametrize(
@@ -191,8 +211,60 @@ def test_lora_trains_its_adapters_on_the_copy_of_the_frozen_base(tiny_llama):
     mine = with_copy(tiny_llama, **lora)
     _, grads = gradients_of_step(mine, batch)
     _, ref_grads = gradients_of_step(pure_bf16(tiny_llama, **lora), batch)
+    assert not hasattr(mine.model.model.layers[0].mlp, "_vime_gate_up")
     trainable = [n for n, p in mine.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in n for n in trainable)
     assert sorted(grads) == sorted(ref_grads) == sorted(trainable)
     for name in trainable:
+        assert torch.equal(grads[name], ref_grads[name]), name
+
+
+def test_the_fused_gate_up_projection_equals_the_two_projections_in_float32(
+    untied_qwen3, monkeypatch
+):
+    """One matmul by the stacked gate/up copy against transformers' two, both in float32:
+    the same loss and gradients up to the order of float32 sums."""
+    from vime.training import hf_kernels
+    from vime.training.weight_copy import WeightCopy
+
+    model = TorchTrainer(config(untied_qwen3)).model
+    mlps = hf_kernels.gate_up_modules(model)
+    assert len(mlps) == model.config.num_hidden_layers
+    gated = []
+    monkeypatch.setattr(hf_kernels, "gated_silu", lambda y: gated.append(y.shape) or
+                        torch.nn.functional.silu(y.chunk(2, -1)[0]) * y.chunk(2, -1)[1])  # fmt: skip
+    ids = torch.randint(0, 384, (2, 24), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for fused in (False, True):
+        model.zero_grad(set_to_none=True)
+        gated.clear()
+        copy = WeightCopy(model, torch.float32, fuse_gate_up=mlps if fused else ())
+        with copy.active():
+            assert all(hasattr(m, "_vime_gate_up") == fused for m in mlps)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        assert not any(hasattr(m, "_vime_gate_up") for m in mlps)
+        intermediate = model.config.intermediate_size
+        assert gated == ([(2, 24, 2 * intermediate)] * len(mlps) if fused else [])
+        runs.append(
+            (float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()})
+        )
+    (loss0, g0), (loss1, g1) = runs
+    assert abs(loss1 - loss0) < 1e-6 * abs(loss0)
+    assert sorted(g0) == sorted(g1)
+    for name, grad in g0.items():
+        assert g1[name].dtype == torch.float32
+        scale = float(grad.abs().max())
+        assert float((g1[name] - grad).abs().max()) <= 1e-5 * scale, name
+
+
+def test_lora_wrapped_gate_and_up_projections_are_not_fused(tiny_llama):
+    batch = make_batch(11, num_samples=4)
+    lora = dict(lora_rank=4, lora_target_modules="gate_proj,up_proj")
+    mine = with_copy(tiny_llama, **lora)
+    assert mine.weight_copy._gate_up == []
+    _, grads = gradients_of_step(mine, batch)
+    _, ref_grads = gradients_of_step(pure_bf16(tiny_llama, stacked=False, **lora), batch)
+    assert sorted(grads) == sorted(ref_grads) and grads
+    for name in grads:
         assert torch.equal(grads[name], ref_grads[name]), name

@@ -88,7 +88,8 @@ class TrainerConfig:
         True,
         help="torch backend: the transformers model's SiLU-gated MLPs (Llama, Qwen2, Qwen3, "
         "Qwen3-MoE, Mistral) compute silu(gate) * up in one Triton kernel each way where Triton "
-        "runs (CUDA), keeping only the two projections for backward (same math)",
+        "runs (CUDA), keeping only the two projections for backward (same math); with the bf16 "
+        "weight copy the gate and up projections are also one matmul on their stacked copies",
     )
     output_softmax_fusion: bool = option(
         True,

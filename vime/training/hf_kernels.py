@@ -18,7 +18,10 @@ model of the process (one trainer per process in Vime).
 ``--hf-swiglu-fusion`` (on): the gated MLP's ``act_fn(gate_proj(x)) * up_proj(x)`` with a SiLU
 activation is a SiLU kernel and a multiply forward, three more backward, and keeps the SiLU's
 output for backward; :func:`vime.training.kernels.swiglu.silu_mul` is one kernel each way and
-keeps only the two projections.
+keeps only the two projections. With the bf16 weight copy (:mod:`vime.training.weight_copy`)
+the gate and up projections of those MLPs are one matmul on a fused copy of their weights
+(:func:`gate_up_modules`), whose output goes to :func:`vime.training.kernels.swiglu.gated_silu`:
+backward then takes two matmuls where the two projections take four and a sum.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 from vime.training.kernels import rope as _rope
 from vime.training.kernels.rms_norm import available
 from vime.training.kernels.rms_norm import rms_norm as _rms_norm
-from vime.training.kernels.swiglu import silu_mul
+from vime.training.kernels.swiglu import gated_silu, silu_mul
 
 # transformers classes computing weight * x * rsqrt(mean(x^2) + variance_epsilon); Gemma's
 # (1 + weight) and others are not here on purpose.
@@ -74,6 +77,24 @@ def install(
     return counts
 
 
+def gate_up_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The MLPs routed by :func:`install` whose gate and up projections are bias-free
+    ``nn.Linear`` of one shape (not LoRA-wrapped): those a weight copy can fuse."""
+    found = []
+    for module in model.modules():
+        if (
+            getattr(module, "_vime_forward", None) is None
+            or type(module).__name__ not in MLP_CLASSES
+        ):
+            continue
+        pair = [getattr(module, "gate_proj", None), getattr(module, "up_proj", None)]
+        if all(type(p) is torch.nn.Linear and p.bias is None for p in pair) and (
+            pair[0].weight.shape == pair[1].weight.shape
+        ):
+            found.append(module)
+    return found
+
+
 def _is_silu(act: Any) -> bool:
     # transformers' ACT2FN["silu"] is its own SiLUActivation (F.silu), not nn.SiLU.
     return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
@@ -91,6 +112,9 @@ def _fused_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
+    gate_up = getattr(self, "_vime_gate_up", None)  # set while a weight copy is active
+    if gate_up is not None:
+        return self.down_proj(gated_silu(torch.nn.functional.linear(x, gate_up)))
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 

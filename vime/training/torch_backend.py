@@ -74,7 +74,11 @@ class TorchTrainer(Trainer):
                     "one trainer process (FSDP2's mixed-precision policy casts the weights "
                     f"itself); got dtype {dtype} in {self.world_size} process(es)"
                 )
-            self.weight_copy = WeightCopy(self.model, self.compute_dtype)
+            from vime.training.hf_kernels import gate_up_modules
+
+            self.weight_copy = WeightCopy(
+                self.model, self.compute_dtype, fuse_gate_up=gate_up_modules(self.model)
+            )
         from vime.training.optim import build_optimizer
 
         self.optimizer, self.schedule = build_optimizer(self.model, config)

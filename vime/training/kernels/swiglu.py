@@ -63,6 +63,28 @@ def dispatching(
     return call
 
 
+def gated_silu(y: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` for ``y = [a, b]`` with autograd (a fused gate/up projection's output):
+    :func:`swiglu` forward and :func:`swiglu_back` backward where Triton runs, saving only
+    ``y``; the same math in torch elsewhere."""
+    if not available(y):
+        a, b = y.chunk(2, dim=-1)
+        return torch.nn.functional.silu(a) * b
+    return _GatedSilu.apply(y)
+
+
+class _GatedSilu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(y)
+        return swiglu(y)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return swiglu_back(g, y)
+
+
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``silu(a) * b`` for two tensors of one shape and dtype (transformers' gated MLP keeps
     the gate and up projections apart): one kernel each way where Triton runs, saving only
