@@ -113,6 +113,34 @@ async def test_weight_update_changes_greedy_output_and_bumps_the_version(served)
     assert diff < 1e-3, f"engine logprobs differ from the pushed weights' by {diff}"
 
 
+async def test_a_loaded_folder_rewritten_in_place_changes_nothing_until_it_is_loaded(
+    served,
+) -> None:
+    """The sync rewrites its older folder in place: the engines must hold no view of the
+    files they loaded from (safetensors maps them)."""
+    from safetensors.torch import load_file
+
+    from vime.inference.weights import write_weights
+    from vime.training.buckets import bucket_tensors
+
+    folder = served.other_weights
+    inodes = sorted(p.stat().st_ino for p in folder.iterdir())
+
+    def rewrite(model_dir) -> None:
+        tensors = load_file(str(model_dir / "model.safetensors"))
+        write_weights(bucket_tensors(sorted(tensors.items()), bucket_bytes=4 * 2**20), folder)
+        assert sorted(p.stat().st_ino for p in folder.iterdir()) == inodes  # the same files
+
+    async with _client(served) as client:
+        before = await client.chat(HELLO, sampling=GREEDY, session_id="r0")
+        rewrite(served.model_dir)  # the first weights, into the folder the engines loaded
+        same = await client.chat(HELLO, sampling=GREEDY, session_id="r0")
+        assert same.completion_ids == before.completion_ids
+        expected = _hf_logprobs(served.other_model_dir, same.prompt_ids, same.completion_ids)
+        assert max(abs(a - b) for a, b in zip(same.logprobs, expected, strict=True)) < 1e-3
+        rewrite(served.other_model_dir)  # back as it was: later tests reload this folder
+
+
 def _hf_logprobs(model_dir, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
     import torch
     from transformers import AutoModelForCausalLM

@@ -137,6 +137,36 @@ def test_written_weights_round_trip_and_duplicates_are_refused(tmp_path: Path) -
     assert not (tmp_path / "dup").exists() and not (tmp_path / "dup.partial").exists()
 
 
+def test_a_folder_written_again_is_rewritten_in_place_or_replaced(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    def write(scale: float, shapes=((2, 3), (5,)), **kw) -> dict[str, int]:
+        buckets = [[(f"w{i}", torch.full(s, scale)), ("n", torch.arange(3))] if i == 0 else
+                   [(f"w{i}", torch.full(s, scale))] for i, s in enumerate(shapes)]  # fmt: skip
+        folder = write_weights(buckets, tmp_path / "slot", dtype="bfloat16", **kw)
+        return {p.name: p.stat().st_ino for p in sorted(folder.iterdir())}
+
+    first = write(1.0)
+    assert write(2.0) == first  # the same files, overwritten
+    loaded = {
+        k: v for f in sorted((tmp_path / "slot").iterdir()) for k, v in load_file(str(f)).items()
+    }
+    assert torch.equal(loaded["w0"], torch.full((2, 3), 2.0, dtype=torch.bfloat16))
+    assert torch.equal(loaded["w1"], torch.full((5,), 2.0, dtype=torch.bfloat16))
+    assert torch.equal(loaded["n"], torch.arange(3))  # integers are never cast
+    # A shape that changed replaces its file; a bucket fewer drops the last file.
+    third = write(3.0, shapes=((2, 4),))
+    assert list(third) == ["bucket-00000.safetensors"] and third != first
+    assert torch.equal(
+        load_file(str(tmp_path / "slot" / "bucket-00000.safetensors"))["w0"],
+        torch.full((2, 4), 3.0, dtype=torch.bfloat16),
+    )
+    # A rewrite that fails half-way leaves no folder to be trusted.
+    with pytest.raises(ValueError, match="appears twice"):
+        write_weights([[("w0", torch.ones(2, 4))], [("w0", torch.ones(1))]], tmp_path / "slot")
+    assert not (tmp_path / "slot").exists()
+
+
 def test_weights_written_in_the_engines_dtype_equal_the_engines_own_cast(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

@@ -68,38 +68,46 @@ def write_weights(
     folder: str | Path | None = None,
     dtype: str | None = None,
 ) -> Path:
-    """Write each bucket as one safetensors file in a new folder (default under /dev/shm).
+    """Write each bucket as one safetensors file in a folder (default: a new one under
+    /dev/shm) and return it.
 
     Accepts the output of ``Trainer.export_weights()`` or of :func:`vime.training.buckets.bucket_tensors`.
-    With ``dtype`` (a torch dtype name) floating-point tensors are cast to it first.
-    The folder appears complete or not at all; delete it with :func:`remove_weights`.
+    With ``dtype`` (a torch dtype name) floating-point tensors are cast to it as they are copied.
+    A new folder appears complete or not at all. An existing ``folder`` (an earlier call's) is
+    rewritten in place, each file whose layout is unchanged without reallocating its memory
+    (:mod:`vime.inference.weight_files`): no reader may be loading it meanwhile (the weight sync
+    alternates two folders), and a failed rewrite removes it. Delete it with
+    :func:`remove_weights`.
     """
     import torch
-    from safetensors.torch import save_file
+
+    from vime.inference.weight_files import write_tensors
 
     cast = getattr(torch, dtype) if dtype else None
-
     target = Path(folder) if folder is not None else weights_root() / uuid.uuid4().hex
-    tmp = target.with_name(target.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=False)
+    in_place = target.is_dir()
+    out = target if in_place else target.with_name(target.name + ".partial")
+    out.mkdir(parents=True, exist_ok=in_place)
     try:
         seen: set[str] = set()
-        for i, bucket in enumerate(buckets):
-            tensors = {}
+        count = 0
+        for count, bucket in enumerate(buckets, start=1):
+            tensors = []
             for name, tensor in bucket:
                 if name in seen:
                     raise ValueError(f"tensor {name!r} appears twice in the exported weights")
                 seen.add(name)
-                tensor = tensor.detach()
-                if cast is not None and tensor.is_floating_point():
-                    tensor = tensor.to(cast)
-                tensors[name] = tensor.to("cpu").contiguous()
-            save_file(tensors, str(tmp / f"bucket-{i:05d}.safetensors"))
+                tensors.append((name, tensor))
+            write_tensors(out / f"bucket-{count - 1:05d}.safetensors", tensors, cast)
         if not seen:
             raise ValueError("no tensors to write: the weight export was empty")
-        tmp.rename(target)
+        for stale in out.glob("bucket-*.safetensors"):
+            if int(stale.stem.removeprefix("bucket-")) >= count:
+                stale.unlink()
+        if not in_place:
+            out.rename(target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
         raise
     return target
 

@@ -182,7 +182,9 @@ class Cluster:
     def sync_weights(self, version: int) -> dict[str, float]:
         """Trainer weights into every engine as ``version`` (through /dev/shm or Ray)."""
 
-        folder = self.export_weights_folder(f"v{version}")
+        # Two folders in turn: the engines keep the newest for a restarted engine's reload,
+        # and the trainer rewrites the other in place (no new shared memory to allocate).
+        folder = self.export_weights_folder(f"sync{version % 2}")
         if self.trainer_node == self.info["node"]:
             metrics = self._get(
                 self.inference.update_from_folder.remote(folder, version), "weight update"

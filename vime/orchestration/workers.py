@@ -131,7 +131,7 @@ class InferenceWorker:
         from vime.inference.service import InferenceService
 
         self.service = InferenceService(serve_config)
-        self._folder: str | None = None
+        self._folders: list[str] = []  # the weight folders loaded, oldest first
         guard_owner(owner, self.service.stop)
 
     def start(self) -> dict[str, Any]:
@@ -168,13 +168,15 @@ class InferenceWorker:
         return self.update_from_folder(str(folder), version)
 
     def _retire(self, folder: str) -> None:
-        # The service reloads the newest folder into a restarted engine, so only older
-        # folders may go.
+        # The service reloads the newest folder into a restarted engine, and the sync rewrites
+        # the one before it in place next time: only older folders go.
         from vime.inference.weights import remove_weights
 
-        if self._folder and self._folder != folder:
-            remove_weights(self._folder)
-        self._folder = folder
+        if folder in self._folders:
+            self._folders.remove(folder)
+        self._folders.append(folder)
+        while len(self._folders) > 2:
+            remove_weights(self._folders.pop(0))
 
     def pause(self) -> None:
         """Stop the engines from generating (colocated training runs meanwhile)."""
@@ -193,7 +195,8 @@ class InferenceWorker:
     def stop(self) -> None:
         """Stop engines and router."""
         self.service.stop()
-        if self._folder:
-            from vime.inference.weights import remove_weights
+        from vime.inference.weights import remove_weights
 
-            remove_weights(self._folder)
+        for folder in self._folders:
+            remove_weights(folder)
+        self._folders.clear()

@@ -1,0 +1,115 @@
+"""Safetensors files written through a memory map, and rewritten in place when their layout
+is unchanged.
+
+A weight sync writes the same tensors (names, shapes, dtypes) every step. ``save_file``
+serialises each tensor to bytes and writes a new file, whose pages tmpfs must then allocate
+and zero: for SmolLM2-135M in bf16 (269 MB) 0.23 s a sync on the 2-core dev box. Copying each
+tensor straight into the mapped file of the previous sync, with the cast to the engines'
+dtype done by the same copy, took 0.03 s there. The file format is the safetensors spec: an
+8-byte little-endian header length, a JSON header padded with spaces to a multiple of 8 bytes
+(names to dtype, shape and data offsets), then the tensors' bytes, wider dtypes first so that
+each starts at a multiple of its element size.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}  # fmt: skip
+
+
+def _header(layout: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]) -> bytes:
+    """The length-prefixed, space-padded safetensors header for ``layout``, in that order."""
+    entries: dict[str, object] = {}
+    offset = 0
+    for name, dtype, shape in layout:
+        code = _DTYPES.get(str(dtype).removeprefix("torch."))
+        if code is None:
+            raise ValueError(f"tensor {name!r}: dtype {dtype} has no safetensors code here")
+        nbytes = _numel(shape) * _itemsize(dtype)
+        entries[name] = {
+            "dtype": code,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def write_tensors(
+    path: Path, tensors: Sequence[tuple[str, torch.Tensor]], cast: torch.dtype | None = None
+) -> bool:
+    """Write ``tensors`` (from any device; floating-point ones cast to ``cast`` if given) as
+    the safetensors file ``path``. A file there whose header is the one these tensors give is
+    rewritten in place (returns True); anything else is replaced by a new file (False)."""
+    layout = []
+    for name, tensor in tensors:
+        dtype = cast if cast is not None and tensor.is_floating_point() else tensor.dtype
+        layout.append((name, dtype, tuple(tensor.shape)))
+    # Wider elements first (a stable sort) keeps every tensor aligned to its element size.
+    order = sorted(range(len(layout)), key=lambda i: -_itemsize(layout[i][1]))
+    layout = [layout[i] for i in order]
+    ordered = [tensors[i][1] for i in order]
+    header = _header(layout)
+    size = len(header) + sum(_numel(s) * _itemsize(d) for _, d, s in layout)
+    in_place = _has_header(path, header, size)
+    if not in_place:
+        path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not in_place:
+            os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mapped:
+            mapped[: len(header)] = header
+            _copy_into(mapped, len(header), layout, ordered)
+    finally:
+        os.close(fd)
+    return in_place
+
+
+def _copy_into(mapped: mmap.mmap, offset: int, layout: list, tensors: list) -> None:
+    # Own frame: the views of the map must be gone before it closes.
+    import torch
+
+    data = torch.frombuffer(mapped, dtype=torch.uint8)
+    for (_, dtype, shape), tensor in zip(layout, tensors, strict=True):
+        nbytes = _numel(shape) * _itemsize(dtype)
+        if nbytes:
+            data[offset : offset + nbytes].view(dtype).view(shape).copy_(tensor.detach())
+        offset += nbytes
+
+
+def _has_header(path: Path, header: bytes, size: int) -> bool:
+    try:
+        if path.stat().st_size != size:
+            return False
+        with open(path, "rb") as f:
+            return f.read(len(header)) == header
+    except FileNotFoundError:
+        return False
