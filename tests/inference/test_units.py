@@ -161,6 +161,11 @@ def test_a_folder_written_again_is_rewritten_in_place_or_replaced(tmp_path: Path
         load_file(str(tmp_path / "slot" / "bucket-00000.safetensors"))["w0"],
         torch.full((2, 4), 3.0, dtype=torch.bfloat16),
     )
+    # What a killed first write left behind does not stop the next one.
+    (tmp_path / "fresh.partial").mkdir()
+    (tmp_path / "fresh.partial" / "bucket-00007.safetensors").write_bytes(b"half")
+    folder = write_weights([[("w0", torch.ones(2))]], tmp_path / "fresh")
+    assert [p.name for p in folder.iterdir()] == ["bucket-00000.safetensors"]
     # A rewrite that fails half-way leaves no folder to be trusted.
     with pytest.raises(ValueError, match="appears twice"):
         write_weights([[("w0", torch.ones(2, 4))], [("w0", torch.ones(1))]], tmp_path / "slot")

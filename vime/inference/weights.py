@@ -87,6 +87,8 @@ def write_weights(
     target = Path(folder) if folder is not None else weights_root() / uuid.uuid4().hex
     in_place = target.is_dir()
     out = target if in_place else target.with_name(target.name + ".partial")
+    if not in_place:
+        shutil.rmtree(out, ignore_errors=True)  # a write of this folder that was killed
     out.mkdir(parents=True, exist_ok=in_place)
     try:
         seen: set[str] = set()
