@@ -624,15 +624,8 @@ def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
     folder = build_tiny_model(os.path.join(tmp, "qwen3"), family="qwen3", seed=1)
     runs = {}
     for name in ("copy", "replica"):
-        config = TrainerConfig(
-            hf_checkpoint=str(folder),
-            lr=1e-2,
-            seed=3,
-            dtype="bfloat16",
-            bf16_weight_copy=name == "copy",
-            max_tokens_per_micro_batch=10,
-            hf_qkv_fusion=False,
-        )  # fmt: skip  (qkv_stack_cases: the stacking)
+        config = TrainerConfig(hf_checkpoint=str(folder), lr=1e-2, seed=3, dtype="bfloat16",
+                               bf16_weight_copy=name == "copy", max_tokens_per_micro_batch=10)  # fmt: skip
         trainer = TorchTrainer(config)
         grads: dict[str, torch.Tensor] = {}
         if name == "replica":
@@ -672,73 +665,6 @@ def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
         "grads": max(float((g[k] - g0[k]).abs().max()) for k in g0),
         "grad_dtypes_fp32": float(all(t.dtype == torch.float32 for t in g.values())),
     }
-
-
-def qkv_stack_cases(tmp: str) -> dict[str, float]:
-    """--hf-qkv-fusion: tiny Llama and Qwen3 (grouped query heads) in float32, a forward and
-    backward with the query/key/value copies stacked (a float32 weight copy) against the same
-    model's own modules, on a row of two packed sequences (positions restart); then bf16
-    weight-copy train steps with and without the stacking. Returns the differences and how
-    many calls took the split/norm/rope kernel."""
-    from vime.models.tiny import build_tiny_model
-    from vime.training.base import TrainerConfig
-    from vime.training.hf_qkv import qkv_modules
-    from vime.training.kernels import qk_norm_rope
-    from vime.training.torch_backend import TorchTrainer
-    from vime.training.weight_copy import WeightCopy
-
-    calls = [0]
-    apply = qk_norm_rope._QKNormRope.apply
-
-    def counted(*a):
-        calls[0] += 1
-        return apply(*a)
-
-    qk_norm_rope._QKNormRope.apply = counted
-    out: dict[str, float] = {}
-    g = torch.Generator().manual_seed(4)
-    for family in ("llama", "qwen3"):
-        folder = build_tiny_model(os.path.join(tmp, family), family=family, seed=2)
-        model = TorchTrainer(TrainerConfig(hf_checkpoint=str(folder), dtype="float32")).model
-        attns = qkv_modules(model)
-        out[f"{family}_stacked_layers"] = len(attns)
-        out[f"{family}_groups"] = (
-            attns[0].config.num_attention_heads // attns[0].config.num_key_value_heads
-        )
-        ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=g)
-        positions = torch.cat([torch.arange(12), torch.arange(8)]).unsqueeze(0)
-        runs = []
-        for stacked in (False, True):
-            model.zero_grad(set_to_none=True)
-            calls[0] = 0
-            copy = WeightCopy(model, torch.float32, fuse_qkv=attns if stacked else ())
-            with copy.active():
-                logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
-                loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
-                loss.backward()
-            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-            runs.append((logits.detach(), float(loss.detach()), grads, calls[0]))
-        (l0, loss0, g0, c0), (l1, loss1, g1, c1) = runs
-        out[f"{family}_calls_unstacked"], out[f"{family}_calls"] = c0, c1
-        out[f"{family}_logits"] = float((l1 - l0).abs().max() / l0.abs().max())
-        out[f"{family}_loss"] = abs(loss1 - loss0) / abs(loss0)
-        out[f"{family}_same_names"] = float(sorted(g0) == sorted(g1))
-        out[f"{family}_grads"] = max(
-            float((g1[k] - g0[k]).abs().max() / g0[k].abs().max()) for k in g0
-        )
-        # bf16 on the weight copy: a train step with and without the stacking.
-        steps = []
-        for on in (True, False):
-            config = TrainerConfig(hf_checkpoint=str(folder), lr=1e-2, seed=3, dtype="bfloat16",
-                                   bf16_weight_copy=True, hf_qkv_fusion=on)  # fmt: skip
-            trainer = TorchTrainer(config)
-            calls[0] = 0
-            steps.append((trainer.train_step(two_sample_batch()), calls[0]))
-        (m1, c1), (m0, c0) = steps
-        out[f"{family}_bf16_calls"], out[f"{family}_bf16_calls_off"] = c1, c0
-        out[f"{family}_bf16_loss"] = abs(m1["loss"] - m0["loss"]) / abs(m0["loss"])
-        out[f"{family}_bf16_grad_norm"] = abs(m1["grad_norm"] - m0["grad_norm"]) / m0["grad_norm"]
-    return out
 
 
 def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:

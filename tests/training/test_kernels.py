@@ -168,22 +168,6 @@ def test_the_bf16_weight_copy_runs_the_hf_kernels_like_a_bf16_model(tmp_path):
     assert d["loss"] == 0.0 and d["grads"] == 0.0, d
 
 
-def test_stacked_query_key_value_equal_transformers_projections(tmp_path):
-    d = _interpreted("qkv_stack_cases", str(tmp_path))
-    for family in ("llama", "qwen3"):
-        # both layers took the split/norm/rope kernel, grouped query heads included
-        assert d[f"{family}_stacked_layers"] == 2 and d[f"{family}_groups"] == 2, d
-        assert (d[f"{family}_calls_unstacked"], d[f"{family}_calls"]) == (0, 2), d
-        # float32: the same logits and gradients up to the order of float32 sums
-        assert d[f"{family}_same_names"] == 1.0, d
-        assert d[f"{family}_logits"] < 1e-5 and d[f"{family}_loss"] < 1e-6, d
-        assert d[f"{family}_grads"] < 2e-5, d
-        # bf16 on the weight copy: on, and only then, the kernel runs; one bf16 rounding of
-        # the input gradient's sum apart (one matmul against three and two adds)
-        assert (d[f"{family}_bf16_calls"], d[f"{family}_bf16_calls_off"]) == (2, 0), d
-        assert d[f"{family}_bf16_loss"] < 1e-3 and d[f"{family}_bf16_grad_norm"] < 3e-2, d
-
-
 def test_the_hf_fusion_flags_reach_the_torch_trainers_modules(tiny_llama, tmp_path):
     from transformers.models.llama import modeling_llama
 
@@ -193,13 +177,12 @@ def test_the_hf_fusion_flags_reach_the_torch_trainers_modules(tiny_llama, tmp_pa
     from vime.training.torch_backend import TorchTrainer
 
     routed = {}
-    flags = ([], ["--no-hf-rms-norm-fusion"], ["--no-hf-swiglu-fusion"], ["--no-hf-rope-fusion"],
-             ["--no-hf-qkv-fusion"])  # fmt: skip
+    flags = ([], ["--no-hf-rms-norm-fusion"], ["--no-hf-swiglu-fusion"], ["--no-hf-rope-fusion"])
     for extra in flags:
         argv = ["train", "--model", str(tiny_llama), "--env", "vime/Math-v0"]
         setup = build_setup(parse_args([*argv, "--output-dir", str(tmp_path), *extra]))
         model = TorchTrainer(setup.trainer, setup.loss).model
-        kinds = ("LlamaRMSNorm", "LlamaMLP", "LlamaAttention")
+        kinds = ("LlamaRMSNorm", "LlamaMLP")
         routed[" ".join(extra)] = (
             *(
                 sum(hasattr(m, "_vime_forward") for m in model.modules() if type(m).__name__ == k)
@@ -208,11 +191,10 @@ def test_the_hf_fusion_flags_reach_the_torch_trainers_modules(tiny_llama, tmp_pa
             hf_kernels._rope_on,
         )
     assert routed == {
-        "": (5, 2, 2, True),
-        "--no-hf-rms-norm-fusion": (0, 2, 2, True),
-        "--no-hf-swiglu-fusion": (5, 0, 2, True),
-        "--no-hf-rope-fusion": (5, 2, 2, False),
-        "--no-hf-qkv-fusion": (5, 2, 0, True),
+        "": (5, 2, True),
+        "--no-hf-rms-norm-fusion": (0, 2, True),
+        "--no-hf-swiglu-fusion": (5, 0, True),
+        "--no-hf-rope-fusion": (5, 2, False),
     }
     # transformers' attention calls its module's function: that is the one wrapped.
     assert hasattr(modeling_llama.apply_rotary_pos_emb, "vime_original")

@@ -91,13 +91,6 @@ class TrainerConfig:
         "runs (CUDA), keeping only the two projections for backward (same math); with the bf16 "
         "weight copy the gate and up projections are also one matmul on their stacked copies",
     )
-    hf_qkv_fusion: bool = option(
-        True,
-        help="torch backend, bf16 weight copy: the query, key and value projections of "
-        "Llama, Qwen3, Qwen3-MoE and Mistral attention (bias-free, default RoPE) are one matmul "
-        "on their stacked copies, whose output one Triton kernel each way splits, normalises "
-        "(Qwen3's query/key norms) and rotates, as the Megatron backend does (where Triton runs)",
-    )
     output_softmax_fusion: bool = option(
         True,
         help="the output layer's softmax, sampled-token logprob and entropy as Triton kernels "

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from vime.training.hf_qkv import ATTENTION_CLASSES, stacked_attention
 from vime.training.kernels import rope as _rope
 from vime.training.kernels.rms_norm import available
 from vime.training.kernels.rms_norm import rms_norm as _rms_norm
@@ -55,22 +54,16 @@ _rope_on = False
 
 
 def install(
-    model: torch.nn.Module,
-    rms_norm: bool = True,
-    swiglu: bool = True,
-    rope: bool = True,
-    qkv: bool = True,
+    model: torch.nn.Module, rms_norm: bool = True, swiglu: bool = True, rope: bool = True
 ) -> dict[str, int]:
     """Route ``model``'s RMSNorm modules of :data:`RMS_NORM_CLASSES` (``rms_norm``) and its
-    SiLU-gated MLPs of :data:`MLP_CLASSES` (``swiglu``) through the Triton kernels, its
-    attention modules of :data:`vime.training.hf_qkv.ATTENTION_CLASSES` through the stacked
-    projection a weight copy may give them (``qkv``), and set the process-wide RoPE switch
-    (``rope``). Returns how many modules of each were routed."""
+    SiLU-gated MLPs of :data:`MLP_CLASSES` (``swiglu``) through the Triton kernels, and set the
+    process-wide RoPE switch (``rope``). Returns how many modules of each were routed."""
     global _rope_on
     _rope_on = rope
     if rope:
         _wrap_rope_functions()
-    counts = {"rms_norm": 0, "swiglu": 0, "qkv": 0}
+    counts = {"rms_norm": 0, "swiglu": 0}
     for module in model.modules():
         name = type(module).__name__
         if hasattr(module, "_vime_forward"):
@@ -81,9 +74,6 @@ def install(
         elif swiglu and name in MLP_CLASSES and _is_silu(getattr(module, "act_fn", None)):
             _route(module, _fused_mlp)
             counts["swiglu"] += 1
-        elif qkv and name in ATTENTION_CLASSES:
-            _route(module, stacked_attention)
-            counts["qkv"] += 1
     return counts
 
 

@@ -75,13 +75,9 @@ class TorchTrainer(Trainer):
                     f"itself); got dtype {dtype} in {self.world_size} process(es)"
                 )
             from vime.training.hf_kernels import gate_up_modules
-            from vime.training.hf_qkv import qkv_modules
 
             self.weight_copy = WeightCopy(
-                self.model,
-                self.compute_dtype,
-                fuse_gate_up=gate_up_modules(self.model),
-                fuse_qkv=qkv_modules(self.model),
+                self.model, self.compute_dtype, fuse_gate_up=gate_up_modules(self.model)
             )
         from vime.training.optim import build_optimizer
 
@@ -123,11 +119,7 @@ class TorchTrainer(Trainer):
 
         c = self.config
         hf_kernels.install(
-            model,
-            rms_norm=c.hf_rms_norm_fusion,
-            swiglu=c.hf_swiglu_fusion,
-            rope=c.hf_rope_fusion,
-            qkv=c.hf_qkv_fusion,
+            model, rms_norm=c.hf_rms_norm_fusion, swiglu=c.hf_swiglu_fusion, rope=c.hf_rope_fusion
         )
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(

@@ -16,10 +16,6 @@ halves of one ``[2 * intermediate, hidden]`` tensor, set on the module as ``_vim
 while the copy is active: the MLP then runs one matmul where transformers runs two, and one
 for each of backward's two products where it runs four and a sum (see
 :mod:`vime.training.hf_kernels`). That tensor's gradient is split back into the two masters.
-Likewise the attention modules given as ``fuse_qkv`` get one tensor for their query, key and
-value copies, in :mod:`vime.training.hf_qkv`'s grouped row order, set as ``_vime_qkv``; those
-three weights have no copy of their own (the stack's rows are not theirs in order), so nothing
-but that module's stacked forward may use them while the copy is active.
 """
 
 from __future__ import annotations
@@ -41,26 +37,15 @@ class WeightCopy:
         model: torch.nn.Module,
         dtype: torch.dtype,
         fuse_gate_up: Sequence[torch.nn.Module] = (),
-        fuse_qkv: Sequence[torch.nn.Module] = (),
     ) -> None:
         import torch
 
         self._slots: list[tuple[Any, str, torch.nn.Parameter, torch.nn.Parameter]] = []
         copies: dict[int, torch.nn.Parameter] = {}
         self._gate_up = [(mlp, _fused_pair(mlp, dtype, copies)) for mlp in fuse_gate_up]
-        # Stacked query/key/value copies are no module's parameter (their rows are grouped):
-        # refreshed through views, never swapped in.
-        self._qkv, stacked_masters, stacked_copies = [], [], []
-        for attn in fuse_qkv:
-            fused, parts = _grouped_qkv(attn, dtype)
-            self._qkv.append((attn, fused))
-            for master, shape, rows in parts:
-                stacked_masters.append(master.detach().view(shape))
-                stacked_copies.append(rows(fused.detach()))
-        stacked = {id(p) for attn, _ in self._qkv for p in _qkv_weights(attn)}
         for module in model.modules():
             for name, master in module._parameters.items():
-                if master is None or not master.is_floating_point() or id(master) in stacked:
+                if master is None or not master.is_floating_point():
                     continue
                 copy = copies.get(id(master))
                 if copy is None:
@@ -74,8 +59,8 @@ class WeightCopy:
         seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for _, _, master, copy in self._slots:
             seen.setdefault(id(master), (master, copy))
-        self._masters = [m for m, _ in seen.values()] + stacked_masters
-        self._copies = [c for _, c in seen.values()] + stacked_copies
+        self._masters = [m for m, _ in seen.values()]
+        self._copies = [c for _, c in seen.values()]
         self._stale = True
         self._depth = 0
 
@@ -100,8 +85,6 @@ class WeightCopy:
                 module._parameters[name] = copy
             for mlp, fused in self._gate_up:
                 mlp._vime_gate_up = fused
-            for attn, fused in self._qkv:
-                attn._vime_qkv = fused
         try:
             yield
         finally:
@@ -111,8 +94,6 @@ class WeightCopy:
                     module._parameters[name] = master
                 for mlp, _ in self._gate_up:
                     del mlp._vime_gate_up
-                for attn, _ in self._qkv:
-                    del attn._vime_qkv
 
 
 def _fused_pair(
@@ -138,47 +119,8 @@ def _fused_pair(
             view.register_post_accumulate_grad_hook(_add_into(master))
         copies[id(master)] = view
     if gate.requires_grad:
-        rows = gate.shape[0]
-        parts = [(gate, tuple(gate.shape), lambda f: f[:rows]),
-                 (up, tuple(up.shape), lambda f: f[rows:])]  # fmt: skip
-        fused.register_post_accumulate_grad_hook(_add_parts_into(parts))
+        fused.register_post_accumulate_grad_hook(_add_halves_into(masters))
     return fused
-
-
-def _qkv_weights(attn: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
-
-
-def _grouped_qkv(attn: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.nn.Parameter, list]:
-    """One ``dtype`` tensor for ``attn``'s query, key and value weights in the grouped row
-    order of :mod:`vime.training.hf_qkv` (per key/value head: its query heads, its key, its
-    value), and its parts: each master, the shape it is viewed in, and its rows in the stack."""
-    import torch
-
-    from vime.training.hf_qkv import groups_of
-
-    groups, per, head = groups_of(attn)
-    q, k, v = _qkv_weights(attn)
-    if not q.requires_grad == k.requires_grad == v.requires_grad:
-        raise ValueError(f"fuse_qkv: {type(attn).__name__}'s query, key and value weights are "
-                         "not all trained or all frozen")  # fmt: skip
-    hidden = q.shape[1]
-    fused = torch.nn.Parameter(
-        torch.empty((groups * (per + 2) * head, hidden), dtype=dtype, device=q.device),
-        requires_grad=q.requires_grad,
-    )
-
-    def grouped(f: torch.Tensor) -> torch.Tensor:
-        return f.view(groups, per + 2, head, hidden)
-
-    parts = [
-        (q, (groups, per, head, hidden), lambda f: grouped(f)[:, :per]),
-        (k, (groups, head, hidden), lambda f: grouped(f)[:, per]),
-        (v, (groups, head, hidden), lambda f: grouped(f)[:, per + 1]),
-    ]
-    if q.requires_grad:
-        fused.register_post_accumulate_grad_hook(_add_parts_into(parts))
-    return fused, parts
 
 
 def _add_into(master: torch.nn.Parameter) -> Any:
@@ -195,19 +137,16 @@ def _add_into(master: torch.nn.Parameter) -> Any:
     return hook
 
 
-def _add_parts_into(parts: list) -> Any:
-    """The hook that moves a stacked copy's finished gradient into its masters' float32
-    ``.grad``: each master (viewed as its shape) gets its rows of the stack."""
+def _add_halves_into(masters: list[torch.nn.Parameter]) -> Any:
+    """The hook that moves a fused copy's finished gradient into its masters' ``.grad``."""
     import torch
 
     def hook(fused: torch.Tensor) -> None:
-        for master, shape, rows in parts:
-            part = rows(fused.grad)
+        for master, part in zip(masters, fused.grad.chunk(len(masters)), strict=True):
             if master.grad is None:
-                master.grad = torch.empty_like(master, dtype=torch.float32)
-                master.grad.view(shape).copy_(part)
+                master.grad = part.to(torch.float32)
             else:
-                master.grad.view(shape).add_(part)
+                master.grad.add_(part)
         fused.grad = None
 
     return hook
