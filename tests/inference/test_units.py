@@ -95,6 +95,29 @@ def test_engine_env_turns_on_rl_routes_and_sizes_the_cpu_kv_cache() -> None:
     assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
 
 
+def test_a_cpu_engine_preloads_tcmalloc_unless_an_allocator_is_preloaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ctypes.util
+
+    from vime.inference import engines
+
+    monkeypatch.setattr(engines, "_gpu_ids", lambda: [])
+    found = {"tcmalloc_minimal": "libtcmalloc_minimal.so.4"}
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: found.get(name))
+    cfg = ServeConfig(model="m")
+    assert engine_env(cfg, 0, base={})["LD_PRELOAD"] == "libtcmalloc_minimal.so.4"
+    env = engine_env(cfg, 0, base={"LD_PRELOAD": "/x/libfoo.so"})
+    assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:/x/libfoo.so"
+    mine = "/opt/libjemalloc.so.2"
+    assert engine_env(cfg, 0, base={"LD_PRELOAD": mine})["LD_PRELOAD"] == mine
+    found.clear()  # not installed: nothing preloaded
+    assert "LD_PRELOAD" not in engine_env(cfg, 0, base={})
+    monkeypatch.setattr(engines, "_gpu_ids", lambda: ["0"])  # GPU engines: untouched
+    found["tcmalloc_minimal"] = "libtcmalloc_minimal.so.4"
+    assert "LD_PRELOAD" not in engine_env(cfg, 0, base={})
+
+
 def test_engine_env_gives_each_engine_its_own_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     cfg = ServeConfig(model="m", rollout_num_engines=2, rollout_num_gpus_per_engine=2)
