@@ -101,7 +101,7 @@ def engine_env(
     gpus = _gpu_ids()
     if not gpus:
         _preload_tcmalloc(env)
-    if gpus:
+    else:
         tp = config.rollout_num_gpus_per_engine
         mine = gpus[index * tp : (index + 1) * tp]
         if len(mine) < tp:

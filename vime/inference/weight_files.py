@@ -14,6 +14,7 @@ each starts at a multiple of its element size.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ def _header(layout: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]) -> bytes
         code = _DTYPES.get(str(dtype).removeprefix("torch."))
         if code is None:
             raise ValueError(f"tensor {name!r}: dtype {dtype} has no safetensors code here")
-        nbytes = _numel(shape) * _itemsize(dtype)
+        nbytes = _nbytes(shape, dtype)
         entries[name] = {
             "dtype": code,
             "shape": list(shape),
@@ -49,17 +50,8 @@ def _header(layout: Sequence[tuple[str, torch.dtype, tuple[int, ...]]]) -> bytes
     return len(text).to_bytes(8, "little") + text
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
 
 
 def write_tensors(
@@ -73,11 +65,11 @@ def write_tensors(
         dtype = cast if cast is not None and tensor.is_floating_point() else tensor.dtype
         layout.append((name, dtype, tuple(tensor.shape)))
     # Wider elements first (a stable sort) keeps every tensor aligned to its element size.
-    order = sorted(range(len(layout)), key=lambda i: -_itemsize(layout[i][1]))
+    order = sorted(range(len(layout)), key=lambda i: -layout[i][1].itemsize)
     layout = [layout[i] for i in order]
     ordered = [tensors[i][1] for i in order]
     header = _header(layout)
-    size = len(header) + sum(_numel(s) * _itemsize(d) for _, d, s in layout)
+    size = len(header) + sum(_nbytes(s, d) for _, d, s in layout)
     in_place = _has_header(path, header, size)
     if not in_place:
         path.unlink(missing_ok=True)
@@ -99,7 +91,7 @@ def _copy_into(mapped: mmap.mmap, offset: int, layout: list, tensors: list) -> N
 
     data = torch.frombuffer(mapped, dtype=torch.uint8)
     for (_, dtype, shape), tensor in zip(layout, tensors, strict=True):
-        nbytes = _numel(shape) * _itemsize(dtype)
+        nbytes = _nbytes(shape, dtype)
         if nbytes:
             data[offset : offset + nbytes].view(dtype).view(shape).copy_(tensor.detach())
         offset += nbytes
