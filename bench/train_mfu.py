@@ -50,6 +50,7 @@ TRAINER_FUSIONS = {
     "no-hf-rms-norm": "hf_rms_norm_fusion",
     "no-hf-swiglu": "hf_swiglu_fusion",
     "no-hf-rope": "hf_rope_fusion",
+    "no-hf-optimizer": "hf_optimizer_fusion",
 }
 
 
@@ -486,7 +487,8 @@ def main() -> None:
         "norm + RoPE fusions, which are on by default on CUDA, and either backend without the output softmax kernels; "
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
         "no-qk-norm-rope, "
-        "no-output-softmax, no-hf-rms-norm, no-hf-swiglu and no-hf-rope for the torch backend); "
+        "no-output-softmax, no-hf-rms-norm, no-hf-swiglu, no-hf-rope and no-hf-optimizer for the "
+        "torch backend); "
         "autocast: the torch backend with --no-bf16-weight-copy (its default on a GPU is the "
         "bf16 weight copy); export: time export_weights; "
         "profile: print a kernel profile of one step and the GPU's idle gaps; cprofile: print where the host's time goes over three steps)",

@@ -667,6 +667,95 @@ def weight_copy_kernel_cases(tmp: str) -> dict[str, float]:
     }
 
 
+def torch_optimizer_fusion_cases(tmp: str) -> dict[str, float]:
+    """``vime train`` flags -> setup -> torch trainer on tiny Qwen3 with clipping and weight
+    decay active, with --hf-optimizer-fusion (the default) and with --no-hf-optimizer-fusion
+    (torch's clip_grad_norm_ and AdamW): the largest differences of each step's loss and
+    gradient norm, the float32 weights and torch's AdamW states after the steps, and how often
+    the kernel launched. In float32, three steps; on the bf16 weight copy one step, and how
+    the copy the kernel wrote matches its new masters. (The interpreter rounds float32 to
+    bf16 toward zero where CUDA rounds to nearest even, so copies it writes differ from
+    torch's by an ulp and the runs part after one step.)"""
+    from vime.cli.main import parse_args
+    from vime.cli.train_cmd import build_setup
+    from vime.models.tiny import build_tiny_model
+    from vime.training.kernels import adamw
+    from vime.training.torch_backend import TorchTrainer
+
+    launches = [0]
+    launch = adamw._launch
+
+    def counted(*a):
+        launches[0] += 1
+        return launch(*a)
+
+    adamw._launch = counted
+    folder = build_tiny_model(os.path.join(tmp, "qwen3"), family="qwen3", seed=1)
+    batch = two_sample_batch()
+    out: dict[str, float] = {}
+    for kind, steps in (("copy", 1), ("float32", 3)):
+        runs = {}
+        for fused in (True, False):
+            argv = ["train", "--model", str(folder), "--env", "vime/Math-v0", "--output-dir", tmp,
+                    "--lr", "1e-2", "--weight-decay", "0.1", "--clip-grad", "0.05",
+                    "--max-tokens-per-micro-batch", "10"]  # fmt: skip
+            argv += ["--dtype", "bfloat16", "--bf16-weight-copy"] if kind == "copy" else []
+            argv += [] if fused else ["--no-hf-optimizer-fusion"]
+            setup = build_setup(parse_args(argv))
+            trainer = TorchTrainer(setup.trainer, setup.loss)
+            launches[0] = 0
+            metrics = [trainer.train_step(batch) for _ in range(steps)]
+            runs[fused] = (trainer, metrics, launches[0])
+        (t, m, n), (t0, m0, n0) = runs[True], runs[False]
+        out[f"{kind}_launches"], out[f"{kind}_unfused_launches"] = n, n0
+        out[f"{kind}_loss"] = max(abs(a["loss"] - b["loss"]) for a, b in zip(m, m0, strict=True))
+        out[f"{kind}_grad_norm_rel"] = max(abs(a["grad_norm"] / b["grad_norm"] - 1)
+                                           for a, b in zip(m, m0, strict=True))  # fmt: skip
+        out[f"{kind}_min_grad_norm"] = min(b["grad_norm"] for b in m0)  # clipping was active
+        weights = dict(t.model.named_parameters())
+        out[f"{kind}_weights"] = max(float((weights[k] - w).abs().max())
+                                     for k, w in t0.model.named_parameters())  # fmt: skip
+        out[f"{kind}_moved"] = min(float((w - w0).abs().max()) for w, w0 in
+                                   zip(t.model.parameters(), _initial_weights(folder), strict=True))  # fmt: skip
+        states, states0 = t.optimizer.state_dict()["state"], t0.optimizer.state_dict()["state"]
+        out[f"{kind}_same_states"] = float(
+            sorted(states) == sorted(states0)
+            and all(sorted(states[i]) == sorted(states0[i]) for i in states0)
+            and all(states[i][k].dtype == states0[i][k].dtype for i in states0 for k in states0[i])
+            and all(
+                states[i][k].device == states0[i][k].device for i in states0 for k in states0[i]
+            )
+        )
+        out[f"{kind}_steps"] = max(abs(float(states[i]["step"]) - steps) for i in states)
+        for key in ("exp_avg", "exp_avg_sq"):  # relative to each tensor's largest entry
+            out[f"{kind}_{key}"] = max(
+                float((states[i][key] - states0[i][key]).abs().max() / states0[i][key].abs().max())
+                for i in states0
+            )
+        if kind == "copy":  # each copy holds its master's new value rounded as the interpreter
+            copy = t.weight_copy  # rounds (toward zero): no refresh needed
+            out["copy_stale"], out["unfused_copy_stale"] = (
+                float(copy._stale),
+                float(t0.weight_copy._stale),
+            )
+            out["copy_vs_masters"] = max(
+                float((copy.copy_of[id(p)].float() - _toward_zero_bf16(p.detach())).abs().max())
+                for p in t.model.parameters()
+            )
+    return out
+
+
+def _initial_weights(folder) -> list[torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return list(AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).parameters())
+
+
+def _toward_zero_bf16(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` rounded to bf16 toward zero (the low 16 bits cleared), as a float32."""
+    return (x.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
+
+
 def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:
     return float(((value.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max())
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,9 +114,44 @@ def test_adamw_kernel_compiles_for_the_h200_with_vector_loads():
             src = ASTSource(fn=_adamw_kernel, signature=signature, constexprs=constants)
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
             assert compiled.asm["cubin"]
-            vectors[(aligned, write_model, dtype)] = compiled.asm["ptx"].count(".v4.")
+            ptx = compiled.asm["ptx"]
+            vectors[(aligned, write_model, dtype)] = ptx.count(".v4.")
+            if write_model:  # the copy rounds to nearest even, as torch's copy_ does
+                narrow = re.findall(r"cvt\.[a-z.]*(?:bf16|f16)[a-z0-9]*\.f32", ptx)
+                assert narrow and all(c.startswith("cvt.rn.") for c in narrow), set(narrow)
     assert all(vectors[(True, *rest)] >= 16 for rest in ((True, 0), (True, 1), (False, 0)))
     assert all(vectors[(False, *rest)] == 0 for rest in ((True, 0), (True, 1), (False, 0)))
+
+
+def test_the_torch_backends_fused_optimizer_steps_like_torchs_clip_and_adamw(tmp_path):
+    """--hf-optimizer-fusion from `vime train` to the torch trainer (interpreted): the same
+    losses, gradient norms, float32 weights and AdamW states as clip_grad_norm_ plus torch's
+    AdamW, with clipping and weight decay active, one launch per parameter group and step; on
+    the bf16 weight copy the kernel also writes the copy, which then needs no refresh."""
+    d = _interpreted("torch_optimizer_fusion_cases", str(tmp_path))
+    for kind, steps in (("copy", 1), ("float32", 3)):
+        assert d[f"{kind}_launches"] == 2 * steps and d[f"{kind}_unfused_launches"] == 0, d
+        assert d[f"{kind}_min_grad_norm"] > 1.0, d  # --clip-grad 0.05 scaled every step
+        assert d[f"{kind}_moved"] > 1e-3, d  # every weight took its steps
+        assert d[f"{kind}_same_states"] == 1.0 and d[f"{kind}_steps"] == 0.0, d
+        assert d[f"{kind}_loss"] < 1e-6 and d[f"{kind}_grad_norm_rel"] < 1e-6, d
+        assert d[f"{kind}_weights"] < 1e-6, d  # fp32 rounding order
+        assert d[f"{kind}_exp_avg"] < 1e-5 and d[f"{kind}_exp_avg_sq"] < 1e-5, d
+    assert d["copy_vs_masters"] == 0.0 and d["copy_stale"] == 0.0, d
+    assert d["unfused_copy_stale"] == 1.0, d  # the unfused step leaves the refresh to the copy
+
+
+def test_the_torch_backend_steps_torchs_adamw_where_triton_does_not_run(untied_qwen3):
+    """On the CPU (no interpreter) --hf-optimizer-fusion leaves torch's fused AdamW in charge,
+    and the norm it returns is a float as before."""
+    from trainer_data import config, make_batch
+
+    from vime.training.torch_backend import TorchTrainer
+
+    trainer = TorchTrainer(config(untied_qwen3))
+    assert trainer.config.hf_optimizer_fusion and not trainer._fused_optimizer
+    metrics = trainer.train_step(make_batch(0))
+    assert metrics["grad_norm"] > 0 and not hasattr(trainer.optimizer, "_vime_steps")
 
 
 def test_output_softmax_kernels_equal_the_unfused_math():

@@ -91,6 +91,15 @@ class TrainerConfig:
         "runs (CUDA), keeping only the two projections for backward (same math); with the bf16 "
         "weight copy the gate and up projections are also one matmul on their stacked copies",
     )
+    hf_optimizer_fusion: bool = option(
+        True,
+        help="torch backend, in one trainer process where Triton runs (CUDA): gradient "
+        "clipping, AdamW on the float32 weights and the refresh of the bf16 weight copy in one "
+        "Triton pass per parameter group (the megatron backend's --optimizer-fusion kernel), "
+        "the clipping factor computed and read on the GPU; --no-hf-optimizer-fusion clips with "
+        "torch's clip_grad_norm_, steps torch's fused AdamW and refreshes the copy apart (same "
+        "math, the same optimizer states)",
+    )
     output_softmax_fusion: bool = option(
         True,
         help="the output layer's softmax, sampled-token logprob and entropy as Triton kernels "

@@ -82,6 +82,13 @@ class TorchTrainer(Trainer):
         from vime.training.optim import build_optimizer
 
         self.optimizer, self.schedule = build_optimizer(self.model, config)
+        from vime.training.kernels import runs_here
+
+        # One process: FSDP2's parameters are sharded DTensors, which the kernel does not take.
+        first = next(self.model.parameters())
+        self._fused_optimizer = (
+            config.hf_optimizer_fusion and not self.distributed and runs_here(first)
+        )
 
     def _pretrained(self) -> torch.nn.Module:
         """The HF model with fp32 weights on this trainer's device."""
@@ -236,10 +243,21 @@ class TorchTrainer(Trainer):
     def _reduce_gradients(self) -> None:
         """Nothing left to do: FSDP2 reduce-scatters (sums) each layer's gradient in backward."""
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self) -> float | torch.Tensor:
         import torch
 
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self._fused_optimizer:
+            from vime.training.optim import fused_adamw_step
+
+            clip = self.config.clip_grad
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            # clip_grad_norm_'s factor and epsilon, left on the device for the kernel to read
+            scale = (clip / (norm + 1e-6)).clamp(max=1.0).float().reshape(1) if clip > 0 else 1.0
+            copies = self.weight_copy.copy_of if self.weight_copy else {}
+            fused_adamw_step(self.optimizer, copies, scale)  # the copy is fresh after it
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm  # train_step reads it once the step's work is queued
         max_norm = self.config.clip_grad if self.config.clip_grad > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):

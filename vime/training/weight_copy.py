@@ -61,6 +61,9 @@ class WeightCopy:
             seen.setdefault(id(master), (master, copy))
         self._masters = [m for m, _ in seen.values()]
         self._copies = [c for _, c in seen.values()]
+        self.copy_of = {id(m): c.detach() for m, c in seen.values()}
+        """Each master's copy by the master's ``id``: an optimizer step that writes these with
+        the new weights, rounded, leaves the copy fresh (no :meth:`mark_stale`)."""
         self._stale = True
         self._depth = 0
 

@@ -1,6 +1,7 @@
 """Megatron's optimizer step through one Triton kernel per parameter group
 (``--optimizer-fusion``, on with CUDA): gradient clipping, AdamW on the fp32 masters and the
-bf16 model copy in one pass (vime.training.kernels.adamw), instead of megatron-core's three.
+bf16 model copy in one pass (vime.training.optim.fused_adamw_step), instead of megatron-core's
+three.
 
 The states stay where megatron-core and torch keep them: the masters in megatron's
 ``Float16OptimizerWithFloat16Params``, the moments and step counts in torch's AdamW ``state``,
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from vime.training.kernels.adamw import AdamWHyper, adamw_step
+from vime.training.optim import fused_adamw_step
 
 
 def optimizer_parts(optimizer: Any) -> list[Any]:
@@ -100,9 +101,9 @@ def _no_overflow(device: torch.device) -> torch.Tensor:
 
 
 def _step_part(part: Any, grad_scale: float | torch.Tensor) -> None:
-    inner: torch.optim.AdamW = part.optimizer
-    model_of = {  # megatron's FP32Optimizer (no --bf16) has no copies: its params are the masters
-        id(main): model
+    # megatron's FP32Optimizer (no --bf16) has no copies: its params are the masters
+    model_of = {
+        id(main): model.data
         for models, mains in zip(
             getattr(part, "float16_groups", []),
             getattr(part, "fp32_from_float16_groups", []),
@@ -110,55 +111,4 @@ def _step_part(part: Any, grad_scale: float | torch.Tensor) -> None:
         )
         for model, main in zip(models, mains, strict=True)
     }
-    for group in inner.param_groups:
-        with_copy = [p for p in group["params"] if p.grad is not None and id(p) in model_of]
-        fp32_only = [p for p in group["params"] if p.grad is not None and id(p) not in model_of]
-        copies = [model_of[id(p)].data for p in with_copy]
-        for params, models in ((with_copy, copies), (fp32_only, None)):
-            if not params:
-                continue
-            steps = [_state(inner, p)["step"] for p in params]
-            step = _host_step(part, steps[0]) + 1
-            beta1, beta2 = group["betas"]
-            hyper = AdamWHyper(
-                lr=float(group["lr"]),
-                weight_decay=float(group["weight_decay"]),
-                beta1=float(beta1),
-                beta2=float(beta2),
-                eps=float(group["eps"]),
-                step=step,
-                grad_scale=grad_scale,
-            )
-            states = [inner.state[p] for p in params]
-            adamw_step(
-                params,
-                [p.grad for p in params],
-                [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states],
-                models,
-                hyper,
-            )
-            torch._foreach_add_(steps, 1.0)  # torch's per-parameter step, for checkpoints
-            part._vime_steps[id(steps[0])] = (steps[0], step)
-
-
-def _state(inner: torch.optim.AdamW, p: torch.Tensor) -> dict:
-    """torch's AdamW state of ``p``, made as torch's fused AdamW makes it on its first step."""
-    state = inner.state[p]
-    if not state:
-        state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    return state
-
-
-def _host_step(part: Any, step_tensor: torch.Tensor) -> int:
-    """The steps taken so far by a group, kept on the host: read from torch's state once (a
-    fresh start, or states a checkpoint load replaced), then counted here."""
-    known = part.__dict__.setdefault("_vime_steps", {})
-    entry = known.get(id(step_tensor))
-    if entry is None or entry[0] is not step_tensor:  # the tensor is held: its id is not reused
-        if len(known) > 64:
-            known.clear()
-        entry = known[id(step_tensor)] = (step_tensor, int(step_tensor.item()))
-    return entry[1]
+    fused_adamw_step(part.optimizer, model_of, grad_scale)
