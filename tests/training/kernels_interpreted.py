@@ -361,7 +361,9 @@ def adamw_cases() -> dict[str, float]:
 
     adamw._launch = counting
     out: dict[str, float] = {}
+    tables: list[torch.Tensor] = []
     for step in (1, 2, 3):
+        # New gradient tensors each step, as the torch backend's: the pointers move
         grads = [torch.randn(p.shape, generator=gen) * 10 ** (step - 2) for p in params]
         # Step 2 scales by a float, step 3 by a device tensor the kernel reads (a clip factor
         # computed on the GPU).
@@ -369,6 +371,7 @@ def adamw_cases() -> dict[str, float]:
         h = adamw.AdamWHyper(lr=0.01, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
                              step=step, grad_scale=scale)  # fmt: skip
         adamw.adamw_step(params, grads, m, v, models, h)
+        tables = tables or [p.block_tensor for p in adamw._plans.values()]
         ref = [_adamw_reference(*r[:1], gr, *r[1:], h) for r, gr in zip(ref, grads, strict=True)]
         for tp, gr in zip(torch_params, grads, strict=True):
             tp.grad = gr * h.grad_scale
@@ -384,6 +387,9 @@ def adamw_cases() -> dict[str, float]:
     for i, p in enumerate(params):
         out[f"t{i}_moved"] = float((p - start[i]).abs().max())
     out["aligned"] = float(all(plan.aligned for plan in adamw._plans.values()))
+    # one plan, its block tables built once: only the pointer table followed the gradients
+    kept = [p.block_tensor for p in adamw._plans.values()]
+    out["block_tables_kept"] = float(len(kept) == 1 and kept[0] is tables[0])
     # Views one element into a buffer (4-byte aligned only) take the kernel's scalar path.
     flat = [torch.randn(1 + 6000, generator=gen) for _ in range(4)]
     p, g, m, v = (x[1 : 1 + 5000] for x in flat)

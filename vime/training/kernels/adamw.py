@@ -131,9 +131,12 @@ _MODEL_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 @dataclass
 class _Plan:
     """Device tables of one list of tensors: pointers per tensor, and per program its tensor
-    and first element. Rebuilt only when a tensor moves (a checkpoint load replaces states)."""
+    and first element. The block tables depend on the sizes only; the pointer table is
+    rebuilt when a tensor moves (the torch backend's gradients are new tensors each step, a
+    checkpoint load replaces states), copied to the device without waiting for it."""
 
-    key: tuple
+    sizes_key: tuple
+    pointers_key: tuple
     pointers: torch.Tensor  # [5, n] int64 (the model row is unused without a model copy)
     sizes: torch.Tensor  # [n] int64
     block_tensor: torch.Tensor  # [programs] int32
@@ -145,27 +148,36 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _plan(lists: list[list[torch.Tensor]]) -> _Plan:
-    key = tuple(t.data_ptr() for x in lists for t in x) + tuple(p.numel() for p in lists[0])
-    slot = (len(lists[0]), lists[0][0].data_ptr())
+    pointers_key = tuple(t.data_ptr() for x in lists for t in x)
+    sizes_key = tuple(p.numel() for p in lists[0])
+    slot = (len(lists), lists[0][0].data_ptr(), sizes_key)
     plan = _plans.get(slot)
-    if plan is not None and plan.key == key:
+    if plan is not None and plan.pointers_key == pointers_key:
         return plan
     device = lists[0][0].device
     rows = [[t.data_ptr() for t in x] for x in lists]
     while len(rows) < 5:
         rows.append(rows[0])
-    sizes = torch.tensor([p.numel() for p in lists[0]], dtype=torch.int64)
+    pointers = torch.tensor(rows, dtype=torch.int64)
+    if device.type == "cuda":  # from pinned memory: no wait for the queued backward
+        pointers = pointers.pin_memory().to(device, non_blocking=True)
+    aligned = all(ptr % 16 == 0 for row in rows for ptr in row)
+    if plan is not None:
+        plan.pointers_key, plan.pointers, plan.aligned = pointers_key, pointers, aligned
+        return plan
+    sizes = torch.tensor(sizes_key, dtype=torch.int64)
     blocks = (sizes + BLOCK - 1) // BLOCK
     block_tensor = torch.repeat_interleave(torch.arange(len(sizes)), blocks)
     first = torch.cumsum(blocks, 0) - blocks
     block_start = (torch.arange(int(blocks.sum())) - first[block_tensor]) * BLOCK
     plan = _Plan(
-        key,
-        torch.tensor(rows, dtype=torch.int64, device=device),
+        sizes_key,
+        pointers_key,
+        pointers.to(device),
         sizes.to(device),
         block_tensor.to(device=device, dtype=torch.int32),
         block_start.to(device),
-        all(ptr % 16 == 0 for row in rows for ptr in row),
+        aligned,
     )
     if len(_plans) > 16:  # a few groups per optimizer; never grow without bound
         _plans.clear()
