@@ -351,15 +351,7 @@ def adamw_cases() -> dict[str, float]:
     torch_params = [torch.nn.Parameter(p.clone()) for p in params]
     torch_opt = torch.optim.AdamW(torch_params, lr=0.01, betas=(0.9, 0.95), eps=1e-8,
                                   weight_decay=0.1, foreach=False)  # fmt: skip
-    launches = 0
-    real_launch = adamw._launch
-
-    def counting(*args):
-        nonlocal launches
-        launches += 1
-        real_launch(*args)
-
-    adamw._launch = counting
+    launches = _count_calls(adamw, "_launch")
     out: dict[str, float] = {}
     tables: list[torch.Tensor] = []
     for step in (1, 2, 3):
@@ -399,7 +391,7 @@ def adamw_cases() -> dict[str, float]:
     adamw.adamw_step([p], [g], [m], [v], None, h)
     out["unaligned_taken"] = float(not any(plan.aligned for plan in adamw._plans.values()))
     out["unaligned_p"] = float((p.double() - exact[0]).abs().max()) / float(exact[0].abs().max())
-    out["launches"] = launches
+    out["launches"] = launches[0]
     return out
 
 
@@ -415,18 +407,8 @@ def output_softmax_cases() -> dict[str, float]:
     from vime.training.launch import spawn
     from vime.training.output_logprobs import token_logprobs_and_entropy
 
-    calls = {"stats": 0, "grad": 0}
-    stats, grad = output_softmax.row_stats, output_softmax.logits_grad_
-
-    def counted_stats(*a):
-        calls["stats"] += 1
-        return stats(*a)
-
-    def counted_grad(*a):
-        calls["grad"] += 1
-        return grad(*a)
-
-    output_softmax.row_stats, output_softmax.logits_grad_ = counted_stats, counted_grad
+    calls = {"stats": _count_calls(output_softmax, "row_stats"),
+             "grad": _count_calls(output_softmax, "logits_grad_")}  # fmt: skip
     out: dict[str, float] = {}
 
     def compare(name, got, want):
@@ -472,7 +454,7 @@ def output_softmax_cases() -> dict[str, float]:
     torch_path = grads(lambda *x: token_logprobs_and_entropy(*x, chunk_tokens=16, fused=False),
                        h, w, t, c_lp, c_ent)  # fmt: skip
     compare("bf16_torch", got, torch_path)
-    kernel_calls = dict(calls)
+    kernel_calls = {k: count[0] for k, count in calls.items()}
     # Two vocab shards: each rank's kernels (fp32 on the interpreter), combined across the group.
     assert output_softmax.available(torch.zeros(1, 1))
     shards = spawn(vocab_parallel_grads, 2, 54, 10, torch.float32, timeout=300)
@@ -494,14 +476,7 @@ def output_softmax_flag_cases(model: str, tmp: str) -> dict[str, float]:
     from vime.training.kernels import output_softmax
     from vime.training.torch_backend import TorchTrainer
 
-    calls = [0]
-    stats = output_softmax.row_stats
-
-    def counted(*a):
-        calls[0] += 1
-        return stats(*a)
-
-    output_softmax.row_stats = counted
+    calls = _count_calls(output_softmax, "row_stats")
     out: dict[str, float] = {}
     mask = [0, 0] + [1] * 6
     sample = TrainSample(token_ids=[3, 17, 22, 9, 41, 5, 8, 30], loss_mask=mask,
@@ -688,14 +663,7 @@ def torch_optimizer_fusion_cases(tmp: str) -> dict[str, float]:
     from vime.training.kernels import adamw
     from vime.training.torch_backend import TorchTrainer
 
-    launches = [0]
-    launch = adamw._launch
-
-    def counted(*a):
-        launches[0] += 1
-        return launch(*a)
-
-    adamw._launch = counted
+    launches = _count_calls(adamw, "_launch")
     folder = build_tiny_model(os.path.join(tmp, "qwen3"), family="qwen3", seed=1)
     batch = two_sample_batch()
     out: dict[str, float] = {}
@@ -760,6 +728,19 @@ def _initial_weights(folder) -> list[torch.Tensor]:
 def _toward_zero_bf16(x: torch.Tensor) -> torch.Tensor:
     """float32 ``x`` rounded to bf16 toward zero (the low 16 bits cleared), as a float32."""
     return (x.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
+
+
+def _count_calls(owner: object, name: str) -> list[int]:
+    """Replace ``owner.name`` with a wrapper that counts its calls into the returned list's
+    one element (the process ends after the check, so nothing is restored)."""
+    fn, count = getattr(owner, name), [0]
+
+    def counted(*args):
+        count[0] += 1
+        return fn(*args)
+
+    setattr(owner, name, counted)
+    return count
 
 
 def _relative(value: torch.Tensor, exact: torch.Tensor) -> float:

@@ -173,7 +173,7 @@ def _plan(lists: list[list[torch.Tensor]]) -> _Plan:
     plan = _Plan(
         sizes_key,
         pointers_key,
-        pointers.to(device),
+        pointers,
         sizes.to(device),
         block_tensor.to(device=device, dtype=torch.int32),
         block_start.to(device),
