@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -163,6 +164,44 @@ async def _outcome(client: VimeClient, i: int) -> tuple[str, float]:
         return f"aborted:{exc.reason}", time.monotonic() - start
     assert isinstance(result, Sample)
     return "completed", time.monotonic() - start
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+async def test_a_cpu_engine_is_two_interpreters_the_model_in_the_engine_core(served) -> None:
+    """The API server and one engine-core child, which holds the model: no worker process (a
+    third interpreter to import torch and vLLM before the engine is ready)."""
+    for engine in served.service.engines:
+        # vLLM titles its processes (VLLM::EngineCore, VLLM::Worker); multiprocessing's spawn
+        # adds its resource tracker.
+        children = [_cmdline(p) for p in _descendants(engine.process.pid)]
+        engine_processes = [c for c in children if "resource_tracker" not in c]
+        assert len(engine_processes) == 1 and "EngineCore" in engine_processes[0], children
+    async with _client(served) as client:  # and it still samples
+        r = await client.chat(HELLO, sampling=GREEDY)
+    assert r.completion_ids
 
 
 async def test_killing_an_engine_ends_every_request_and_the_engine_comes_back(served) -> None:

@@ -118,6 +118,35 @@ def test_a_cpu_engine_preloads_tcmalloc_unless_an_allocator_is_preloaded(
     assert "LD_PRELOAD" not in engine_env(cfg, 0, base={})
 
 
+def test_a_one_rank_cpu_engine_keeps_its_worker_in_the_engine_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vime.inference import engines
+
+    monkeypatch.setattr(engines, "_gpu_ids", lambda: [])
+    monkeypatch.setattr(engines.os, "cpu_count", lambda: 4)
+    cfg = ServeConfig(model="m")
+    # Ray gives an actor OMP_NUM_THREADS=1; the engine gets one thread per core it binds.
+    env = engine_env(cfg, 0, base={"OMP_NUM_THREADS": "1"})
+    assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "4")
+    env = engine_env(cfg, 0, base={"VLLM_CPU_OMP_THREADS_BIND": "0,2-3"})
+    assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "3")
+    # vLLM's own layout where the user chose it, binds by itself, or runs several ranks.
+    assert (
+        engine_env(cfg, 0, base={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})[
+            "VLLM_ENABLE_V1_MULTIPROCESSING"
+        ]
+        == "1"
+    )
+    for bind in ("auto", "nobind", "0-1|2-3"):
+        env = engine_env(cfg, 0, base={"VLLM_CPU_OMP_THREADS_BIND": bind})
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
+    two_ranks = ServeConfig(model="m", rollout_num_gpus_per_engine=2)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(two_ranks, 0, base={})
+    monkeypatch.setattr(engines, "_gpu_ids", lambda: ["0"])
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(cfg, 0, base={})
+
+
 def test_engine_env_gives_each_engine_its_own_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     cfg = ServeConfig(model="m", rollout_num_engines=2, rollout_num_gpus_per_engine=2)

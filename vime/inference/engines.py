@@ -58,6 +58,34 @@ def engine_argv(config: ServeConfig, port: int, python: str = sys.executable) ->
     return argv + extra
 
 
+def _worker_in_engine_core(env: dict[str, str]) -> None:
+    """Run a one-rank CPU engine's model worker inside its engine-core process. vLLM CPU
+    otherwise starts a third interpreter for it, whose imports of torch and vLLM take about
+    7 s on a 2-core machine before the engine is ready (quickstart: ready in 20-21 s instead of
+    26-31 s). vLLM's worker process sets ``OMP_NUM_THREADS`` to the cores it binds; here the
+    engine-core process needs it from the start (a Ray actor's environment says 1). Left alone
+    when ``VLLM_ENABLE_V1_MULTIPROCESSING`` is set or the binding is not a plain core list."""
+    if "VLLM_ENABLE_V1_MULTIPROCESSING" in env:
+        return
+    cores = bound_cores(env.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+    if not cores:
+        return
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env["OMP_NUM_THREADS"] = str(len(cores))
+
+
+def bound_cores(spec: str) -> list[int]:
+    """The cores of one rank's ``VLLM_CPU_OMP_THREADS_BIND`` (``"0-3"``, ``"0,2,5-7"``); empty
+    for ``auto``, ``nobind``, several ranks (``|``) or anything else."""
+    cores: list[int] = []
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            return []
+        cores += range(int(first), int(last if dash else first) + 1)
+    return cores
+
+
 def _gpu_ids() -> list[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
@@ -86,6 +114,8 @@ def engine_env(
     gpus = _gpu_ids()
     if not gpus:
         preload_tcmalloc(env)
+        if config.rollout_num_gpus_per_engine == 1:
+            _worker_in_engine_core(env)
     else:
         tp = config.rollout_num_gpus_per_engine
         mine = gpus[index * tp : (index + 1) * tp]
