@@ -35,7 +35,7 @@ def preload_tcmalloc(env: dict[str, str]) -> None:
     jemalloc or mimalloc stands). For CPU engines and CPU trainers: glibc's malloc hands the
     pages of large freed blocks back to the kernel and faults them in again at the next step's
     allocations. On the 2-core dev box it raised SmolLM2's decode rate 133-142 -> 155-160
-    tokens/s, cut a weight update 0.48 -> 0.37 s, and a quickstart train step 6.5-7.3 ->
+    tokens/s, cut a weight update 0.48 -> 0.37 s, and a quickstart train step 6.4-7.5 ->
     5.8-6.3 s (docs/performance.md)."""
     import ctypes.util
 
