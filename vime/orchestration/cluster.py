@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vime.errors import VimeError
+from vime.hardware import preload_tcmalloc
 from vime.orchestration.placement import PlacementPlan, plan_placement
 from vime.orchestration.run_state import latest_checkpoint_name
 from vime.orchestration.setup import TrainSetup
@@ -27,6 +28,18 @@ def detect_device() -> str:
     import torch
 
     return "GPU" if torch.cuda.is_available() else "CPU"
+
+
+def trainer_env_vars(gpu: bool, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables the trainer ranks start with beyond the driver's: CPU ranks get
+    tcmalloc preloaded when it is installed (a train step allocates and frees its activations
+    each micro-batch, and glibc's malloc faults their pages in again every time)."""
+    if gpu:
+        return {}
+    env = dict(os.environ if base is None else base)
+    before = env.get("LD_PRELOAD")
+    preload_tcmalloc(env)
+    return {"LD_PRELOAD": env["LD_PRELOAD"]} if env.get("LD_PRELOAD") != before else {}
 
 
 class Cluster:
@@ -95,12 +108,15 @@ class Cluster:
 
         master = None
         trainer_cls = ray.remote(TrainerWorker)
+        trainer_env = trainer_env_vars(gpu=bool(gpu))
         for rank in range(world):
             options: dict[str, Any] = {
                 "num_cpus": cpus[rank] * share_t,
                 "num_gpus": gpu * share_t,
                 "scheduling_strategy": strategy(trainer_pg, rank),
             }
+            if trainer_env:
+                options["runtime_env"] = {"env_vars": trainer_env}
             if master is None:
                 probe = ray.remote(_node_and_port).options(**options).remote()
                 master = ray.get(probe)
