@@ -100,3 +100,19 @@ async def test_a_step_whose_episodes_all_fail_stops_the_run_with_the_first_error
     with pytest.raises(VimeError, match=r"step 1: all 4 episodes failed; the first error"):
         await loop.rollout()
     await loop.close()
+
+
+def test_the_loop_renders_with_the_renderer_it_is_given_or_loads_the_models(tiny_model, tmp_path):
+    # run_training loads the driver's renderer while the engines start and hands it over.
+    from vime.orchestration.loop import chat_renderer
+
+    given = chat_renderer(str(tiny_model))
+    argv = ["train", "--model", str(tiny_model), "--env", "vime/Math-v0", "--output-dir"]
+    setup = build_setup(parse_args([*argv, str(tmp_path)]))
+    cluster = SimpleNamespace(base_url="http://127.0.0.1:1/v1", model_name="stub")
+    loop = RLLoop(setup, cluster, logger=None, tasks=TASKS, eval_tasks=[], renderer=given)
+    assert loop.manager.renderer is given and loop.eval_manager.renderer is given
+    own = _loop(tiny_model, "http://127.0.0.1:1/v1", tmp_path)
+    assert own.manager.renderer is not given
+    messages = [{"role": "user", "content": "What is 1 + 1?"}]
+    assert own.manager.renderer.prompt_ids(messages) == given.prompt_ids(messages)

@@ -112,3 +112,26 @@ def test_checkpoint_of_another_backend_is_refused(untied_qwen3, tmp_path):
         pass
     with pytest.raises(CheckpointError, match="written by the 'megatron' backend"):
         TorchTrainer(config(untied_qwen3)).load(tmp_path / "mg")
+
+
+def test_trainer_files_are_written_without_zip_crcs_and_the_setting_is_restored(
+    untied_qwen3, tmp_path
+):
+    # torch.load does not check the CRC-32s of torch.save's zip records, and a run
+    # checkpoint hashes every file: a checkpoint skips computing them, and only it.
+    import zipfile
+
+    trainer = TorchTrainer(config(untied_qwen3))
+    trainer.train_step(make_batch(10))
+    trainer.save(tmp_path / "ck")
+    for name in ("model.pt", "optimizer.pt"):
+        records = zipfile.ZipFile(tmp_path / "ck" / name).infolist()
+        data = [r for r in records if "/data/" in r.filename]
+        assert data and all(r.CRC == 0 for r in data), name
+    assert torch.serialization.get_crc32_options() is True
+    torch.save(torch.ones(3), tmp_path / "user.pt")
+    assert all(r.CRC != 0 for r in zipfile.ZipFile(tmp_path / "user.pt").infolist()[1:2])
+    restored = TorchTrainer(config(untied_qwen3))
+    restored.load(tmp_path / "ck")
+    for name, p in params(restored).items():
+        assert torch.equal(p, params(trainer)[name]), name

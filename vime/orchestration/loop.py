@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vime.errors import VimeError
 from vime.orchestration.batching import (
@@ -38,6 +38,9 @@ from vime.orchestration.setup import TrainSetup
 from vime.orchestration.task_stream import TaskStream
 from vime.types import Status, Trajectory
 
+if TYPE_CHECKING:
+    from vime.agents.template import ChatTemplateRenderer
+
 log = logging.getLogger(__name__)
 
 
@@ -51,8 +54,10 @@ class RLLoop:
         logger: MetricsLogger,
         tasks: list[dict[str, Any]],
         eval_tasks: list[dict[str, Any]],
+        renderer: ChatTemplateRenderer | None = None,
     ) -> None:
-        from vime.agents.template import ChatTemplateRenderer
+        """``renderer``: the model's chat template (default: :func:`chat_renderer` of
+        ``--model``, loaded here)."""
         from vime.inference.client import VimeClient
         from vime.rollout import RolloutManager
 
@@ -70,9 +75,7 @@ class RLLoop:
             model=cluster.model_name,
             retry_seconds=setup.serve.engine_start_timeout,
         )
-        from transformers import AutoTokenizer
-
-        renderer = ChatTemplateRenderer(AutoTokenizer.from_pretrained(self.run.model))
+        renderer = renderer or chat_renderer(self.run.model)
         self.manager = RolloutManager(setup.rollout, lambda: client, setup.agent, renderer=renderer)
         eval_rollout = type(setup.rollout)(
             **{**setup.rollout.__dict__, "n": 1, "partial_rollout": False, "group_filter": None}
@@ -383,6 +386,15 @@ class RLLoop:
             sum(metrics.get(k, 0.0) for k in ("time/rollout_s", "time/train_s", "time/sync_s"))
         )
         progress(self.state.step, metrics)
+
+
+def chat_renderer(model: str) -> ChatTemplateRenderer:
+    """The chat template renderer of ``model``'s tokenizer (a local folder)."""
+    from transformers import AutoTokenizer
+
+    from vime.agents.template import ChatTemplateRenderer
+
+    return ChatTemplateRenderer(AutoTokenizer.from_pretrained(model))
 
 
 async def _cancel(task: asyncio.Future | None) -> None:

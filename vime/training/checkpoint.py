@@ -187,10 +187,30 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 
 def save_object(obj: Any, path: Path) -> None:
-    """``torch.save`` an object."""
+    """``torch.save`` an object, without zip CRCs (:func:`_without_zip_crc32`)."""
     import torch
 
-    torch.save(obj, path)
+    with _without_zip_crc32():
+        torch.save(obj, path)
+
+
+@contextlib.contextmanager
+def _without_zip_crc32() -> Iterator[None]:
+    """``torch.save`` in this thread without the CRC-32 of each record of its zip file (the
+    setting is per thread).
+
+    ``torch.load`` never checks those CRCs (a flipped byte loads silently), so they protect
+    nothing; a run checkpoint's SHA-256 of every file does (``checksums.json``). Without them
+    ``torch.save`` wrote SmolLM2-135M's fp32 weights and Adam moments (1.6 GB) in 0.36 s
+    instead of 0.70 s on the 2-core dev box."""
+    import torch.serialization
+
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
 
 
 def load_object(path: Path) -> Any:
