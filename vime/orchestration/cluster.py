@@ -7,8 +7,9 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vime.errors import VimeError
 from vime.hardware import preload_tcmalloc
@@ -17,6 +18,7 @@ from vime.orchestration.run_state import latest_checkpoint_name
 from vime.orchestration.setup import TrainSetup
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ActorDiedError(VimeError):
@@ -65,8 +67,10 @@ class Cluster:
         """The model name the engines serve."""
         return self.info["model_name"]
 
-    def start(self) -> None:
-        """Place and start the trainer ranks and the inference service."""
+    def start(self, meanwhile: Callable[[], T] | None = None) -> T | None:
+        """Place and start the trainer ranks and the inference service; returns what
+        ``meanwhile()`` returns, run here once the trainer ranks are built and while the
+        engines may still be starting (on a 2-core box, the one core they leave idle)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -134,10 +138,12 @@ class Cluster:
                 )
             )
         ray.get([t.weight_version.remote() for t in self.trainers])  # constructed
+        done = meanwhile() if meanwhile is not None else None
         self.info = ray.get(starting)
         self.trainer_node = ray.get(self.trainers[0].node.remote())
         log.info("engines at %s (router %s)", self.info["engine_urls"], self.base_url)
         self.nodes_line = f"trainer rank 0 on node {self.trainer_node[:12]}, engines on node {self.info['node'][:12]}"
+        return done
 
     def _engine_gpu_ids(self, pg: Any, gpu: float, share: float) -> list[str]:
         """The GPU ids Ray reserved for each engine bundle (vLLM takes them itself)."""

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -149,23 +148,19 @@ def run_training(setup: TrainSetup) -> dict[str, Any]:
     (out / "config.json").write_text(json.dumps(_config_dict(setup), indent=2, default=str))
     logger = MetricsLogger(out, wandb_project=setup.run.wandb_project)
     print(describe(setup, device), flush=True)
-    # The driver's own tokenizer (transformers' import, tokenizer.json) loads while Ray and
-    # the engines start, where it held up the quickstart's first rollouts by 4-5 s.
-    with (
-        ThreadPoolExecutor(1, thread_name_prefix="vime-driver-setup") as background,
-        ray_cluster(RayConfig(address=setup.run.ray_address)),
-    ):
-        renderer = background.submit(chat_renderer, setup.run.model)
+    with ray_cluster(RayConfig(address=setup.run.ray_address)):
         cluster = Cluster(setup, device)
         try:
             t = time.monotonic()
-            cluster.start()
+            # The driver's own tokenizer (transformers' import, tokenizer.json) loads while
+            # the engines start: after them it held up the quickstart's first rollouts 4-5 s.
+            renderer = cluster.start(meanwhile=lambda: chat_renderer(setup.run.model))
             print(
                 f"trainer and engines ready in {time.monotonic() - t:.0f}s; router {cluster.base_url}",
                 flush=True,
             )
             print(cluster.nodes_line, flush=True)
-            loop = RLLoop(setup, cluster, logger, tasks, eval_tasks, renderer.result())
+            loop = RLLoop(setup, cluster, logger, tasks, eval_tasks, renderer)
             if setup.run.resume and not loop.restore():
                 print("--resume: no checkpoint yet, starting from step 0")
             progress = _Progress(setup.run.num_steps, loop.state.step)
