@@ -190,3 +190,40 @@ def test_a_truncated_or_altered_checkpoint_file_fails_verification(tmp_path: Pat
     model.unlink()
     with pytest.raises(RunStateError, match=r"trainer/model.pt is missing"):
         verify_checkpoint(path)
+
+
+def test_the_trainers_files_are_hashed_as_written_not_read_back(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import hashlib
+    import json
+
+    import torch
+
+    from vime.orchestration import run_state
+    from vime.training import checkpoint as ckpt
+
+    def save_trainer(directory: Path) -> None:
+        ckpt.save_distributed(
+            directory,
+            rank=0,
+            barrier=lambda: None,
+            write_rank=lambda tmp: ckpt.save_object({"w": torch.arange(1000.0)}, tmp / "model.pt"),
+            trainer_state={},
+            backend="torch",
+        )
+
+    read: list[str] = []
+    file_digest = hashlib.file_digest
+
+    def recording(fh, name):
+        read.append(Path(fh.name).name)
+        return file_digest(fh, name)
+
+    monkeypatch.setattr(hashlib, "file_digest", recording)
+    path = save_checkpoint(tmp_path, RunState(step=1), [], save_trainer)
+    monkeypatch.undo()
+    assert "model.pt" not in read and "state.json" in read and "vime_checkpoint.json" in read
+    # What was hashed on the way out is what a full read gives, and resume checks against it.
+    assert json.loads((path / run_state.CHECKSUMS).read_text()) == run_state._checksums(path)
+    verify_checkpoint(path)

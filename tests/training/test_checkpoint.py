@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -135,3 +136,34 @@ def test_trainer_files_are_written_without_zip_crcs_and_the_setting_is_restored(
     restored.load(tmp_path / "ck")
     for name, p in params(restored).items():
         assert torch.equal(p, params(trainer)[name]), name
+
+
+def test_the_manifest_has_the_sha256_of_each_file_hashed_as_it_was_written(untied_qwen3, tmp_path):
+    import hashlib
+
+    trainer = TorchTrainer(config(untied_qwen3))
+    trainer.train_step(make_batch(10))
+    trainer.save(tmp_path / "ck")
+    digests = ckpt.recorded_digests(tmp_path / "ck")
+    assert set(digests) == {"model.pt", "optimizer.pt", "rng_rank0.pt"}
+    for name, digest in digests.items():
+        assert digest == hashlib.sha256((tmp_path / "ck" / name).read_bytes()).hexdigest()
+    assert not list((tmp_path / "ck").glob("*.sha256"))  # the sidecars went into the manifest
+    assert ckpt.recorded_digests(tmp_path / "nothing") == {}
+
+
+def test_a_save_is_flushed_in_steps_and_hashes_every_byte(tmp_path):
+    import hashlib
+
+    obj = {"a": torch.arange(300_000, dtype=torch.float32), "b": list(range(10))}
+    path = tmp_path / "o.pt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        writer = ckpt._HashingWriter(fd, flush_bytes=64 << 10)  # many flushes in one save
+        torch.save(obj, writer)
+        writer.finish()
+    finally:
+        os.close(fd)
+    assert writer.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
+    loaded = torch.load(path)
+    assert torch.equal(loaded["a"], obj["a"]) and loaded["b"] == obj["b"]

@@ -80,7 +80,8 @@ def save_checkpoint(
         state.python_rng = random.getstate()
         _fsync_write(tmp / "state.json", json.dumps(asdict(state)))
         _fsync_write(tmp / "buffer.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in buffer))
-        _fsync_write(tmp / CHECKSUMS, json.dumps(_checksums(tmp), indent=1, sort_keys=True))
+        checksums = _checksums(tmp, known=_trainer_digests(tmp / "trainer"))
+        _fsync_write(tmp / CHECKSUMS, json.dumps(checksums, indent=1, sort_keys=True))
     except VimeError:  # explained already (a trainer actor that died mid-save): keep its words
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -153,23 +154,36 @@ def latest_checkpoint_name(save_dir: str | Path) -> str | None:
         return None
 
 
-def _checksums(folder: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``folder`` (paths relative to it), except ``checksums.json``."""
+def _trainer_digests(trainer_dir: Path) -> dict[str, str]:
+    """The SHA-256 the trainer took of its files as it wrote them, as paths under the run
+    checkpoint (the trainer's checkpoint lies in its ``trainer/`` folder)."""
+    from vime.training.checkpoint import recorded_digests
+
+    prefix = trainer_dir.name
+    return {f"{prefix}/{name}": d for name, d in recorded_digests(trainer_dir).items()}
+
+
+def _checksums(folder: Path, known: dict[str, str] | None = None) -> dict[str, str]:
+    """SHA-256 of every file under ``folder`` (paths relative to it), except ``checksums.json``;
+    those in ``known`` (hashed as they were written) are not read again."""
     from concurrent.futures import ThreadPoolExecutor
 
-    files = [f for f in sorted(folder.rglob("*")) if f.is_file() and f.name != CHECKSUMS]
+    known = known or {}
+    paths = {
+        str(f.relative_to(folder)): f
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name != CHECKSUMS
+    }
+    unknown = [name for name in paths if name not in known]
 
-    def digest(f: Path) -> str:
-        with f.open("rb") as fh:
+    def digest(name: str) -> str:
+        with paths[name].open("rb") as fh:
             return hashlib.file_digest(fh, "sha256").hexdigest()
 
-    # hashlib lets go of the GIL over large buffers: the model and optimizer files hash on
-    # two cores at once.
+    # hashlib lets go of the GIL over large buffers: large files hash on two cores at once.
     with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
-        return {
-            str(f.relative_to(folder)): d
-            for f, d in zip(files, pool.map(digest, files), strict=True)
-        }
+        read = dict(zip(unknown, pool.map(digest, unknown), strict=True))
+    return {name: known.get(name) or read[name] for name in paths}
 
 
 def verify_checkpoint(path: str | Path) -> None:

@@ -379,8 +379,8 @@ class TorchTrainer(Trainer):
             ckpt.save_object(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
 
         def write_main(tmp: Path) -> None:
-            # Side by side: torch.save spends most of its time outside the GIL (copies, CRCs,
-            # writes), so two files take 2.5 s instead of 3.5 s for SmolLM2-135M on 2 cores.
+            # Side by side: a save spends most of its time outside the GIL (copies, SHA-256,
+            # writes, flushes to disk), so the two files share the cores.
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(2) as pool:
