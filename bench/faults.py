@@ -282,7 +282,7 @@ def _mid_step(
     return target, f"step {run.steps_done() + 1} +{delay:.1f}s"
 
 
-ENGINE = b"vllm.entrypoints.openai.api_server"
+ENGINE = b"vime.inference.server_main"  # an engine's API server (engines.SERVER_MODULE)
 
 
 def _kill_process(pattern: bytes, sig: int = signal.SIGKILL) -> Callable:

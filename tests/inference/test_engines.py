@@ -183,6 +183,13 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _shared_dirty_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Shared_Dirty:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Shared_Dirty in /proc/{pid}/smaps_rollup")
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -191,14 +198,18 @@ def _cmdline(pid: int) -> str:
 
 
 async def test_a_cpu_engine_is_two_interpreters_the_model_in_the_engine_core(served) -> None:
-    """The API server and one engine-core child, which holds the model: no worker process (a
-    third interpreter to import torch and vLLM before the engine is ready)."""
+    """The API server and one engine-core child, forked from it, which holds the model: no
+    worker process (a third interpreter to import torch and vLLM before the engine is ready)."""
     for engine in served.service.engines:
         # vLLM titles its processes (VLLM::EngineCore, VLLM::Worker); multiprocessing's spawn
         # adds its resource tracker.
         children = [_cmdline(p) for p in _descendants(engine.process.pid)]
         engine_processes = [c for c in children if "resource_tracker" not in c]
         assert len(engine_processes) == 1 and "EngineCore" in engine_processes[0], children
+        # Forked from the server, not spawned: it shares the pages of the server's imports (a
+        # spawned interpreter shares no written page with its parent).
+        core = next(p for p in _descendants(engine.process.pid) if "EngineCore" in _cmdline(p))
+        assert _shared_dirty_kib(core) > 50 * 1024
     async with _client(served) as client:  # and it still samples
         r = await client.chat(HELLO, sampling=GREEDY)
     assert r.completion_ids

@@ -4,6 +4,7 @@ against fakes (the client's are in test_client_stub.py; the real engines in the 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ from vime.inference.config import ServeConfig
 from vime.inference.engines import engine_argv, engine_env, served_model_name
 from vime.inference.errors import InferenceError
 from vime.inference.router import router_argv
+from vime.inference.server_main import FORK_ENGINE_CORE
 from vime.inference.weights import WeightUpdater, write_weights
 from vime.training.buckets import bucket_tensors
 
@@ -64,7 +66,7 @@ def test_contradictory_serve_flags_are_rejected(argv: list[str], message: str) -
 def test_engine_command_forwards_vllm_flags_after_vimes_own() -> None:
     cfg = ServeConfig(model="/models/tiny", vllm_args=["--max-model-len", "512"])
     argv = engine_argv(cfg, 8301, python="py")
-    assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[:3] == ["py", "-m", "vime.inference.server_main"]
     assert argv[argv.index("--port") + 1] == "8301"
     assert argv[argv.index("--worker-extension-cls") + 1].endswith("VimeWorkerExtension")
     assert argv[argv.index("--middleware") + 1].endswith("WeightVersionMiddleware")
@@ -129,6 +131,8 @@ def test_a_one_rank_cpu_engine_keeps_its_worker_in_the_engine_core(
     # Ray gives an actor OMP_NUM_THREADS=1; the engine gets one thread per core it binds.
     env = engine_env(cfg, 0, base={"OMP_NUM_THREADS": "1"})
     assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "4")
+    assert env[FORK_ENGINE_CORE] == "1"  # and its engine core is forked from the server
+    assert engine_env(cfg, 0, base={FORK_ENGINE_CORE: "0"})[FORK_ENGINE_CORE] == "0"
     env = engine_env(cfg, 0, base={"VLLM_CPU_OMP_THREADS_BIND": "0,2-3"})
     assert (env["VLLM_ENABLE_V1_MULTIPROCESSING"], env["OMP_NUM_THREADS"]) == ("0", "3")
     # vLLM's own layout where the user chose it, binds by itself, or runs several ranks.
@@ -141,10 +145,35 @@ def test_a_one_rank_cpu_engine_keeps_its_worker_in_the_engine_core(
     for bind in ("auto", "nobind", "0-1|2-3"):
         env = engine_env(cfg, 0, base={"VLLM_CPU_OMP_THREADS_BIND": bind})
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
+        assert FORK_ENGINE_CORE not in env
     two_ranks = ServeConfig(model="m", rollout_num_gpus_per_engine=2)
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(two_ranks, 0, base={})
+    assert FORK_ENGINE_CORE not in engine_env(two_ranks, 0, base={})
     monkeypatch.setattr(engines, "_gpu_ids", lambda: ["0"])
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(cfg, 0, base={})
+    assert FORK_ENGINE_CORE not in engine_env(cfg, 0, base={})
+
+
+def test_the_server_entry_makes_vllm_cpu_fork_its_engine_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's CPU platform sets spawn while it checks the engine config; the entry point sets
+    fork right after that check (and only the CPU platform's)."""
+    from vllm.platforms import cpu
+
+    from vime.inference import server_main
+
+    seen = []
+
+    def check(cls, vllm_config) -> None:  # vLLM's own, reduced to what matters here
+        seen.append(vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+
+    monkeypatch.setattr(cpu.CpuPlatform, "check_and_update_config", classmethod(check))
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    server_main.fork_engine_core()
+    cpu.CpuPlatform.check_and_update_config("config")
+    assert seen == ["config"] and os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
 
 
 def test_engine_env_gives_each_engine_its_own_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
