@@ -117,8 +117,9 @@ def _folder_bytes(path: Path) -> int:
 
 
 def _disk_full(save_dir: Path, exc: BaseException) -> str | None:
-    """Why a failed save looks like a full disk, or None. torch's writer reports ENOSPC as a
-    RuntimeError without errno, so less free space than the previous checkpoint took counts."""
+    """Why a failed save looks like a full disk, or None. Vime's trainer files report ENOSPC as
+    an OSError; other writers (torch's own, a backend's) may raise a RuntimeError without
+    errno, so less free space than the previous checkpoint took counts too."""
     cause = _root_cause(exc)
     if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
         return cause.strerror or "ENOSPC"
@@ -183,7 +184,7 @@ def _checksums(folder: Path, known: dict[str, str] | None = None) -> dict[str, s
     # hashlib lets go of the GIL over large buffers: large files hash on two cores at once.
     with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
         read = dict(zip(unknown, pool.map(digest, unknown), strict=True))
-    return {name: known.get(name) or read[name] for name in paths}
+    return {name: known[name] if name in known else read[name] for name in paths}
 
 
 def verify_checkpoint(path: str | Path) -> None:
