@@ -227,7 +227,9 @@ def test_scoring_only_loss_rows_changes_no_step_result(untied_qwen3, monkeypatch
 
     fast = step()
     original = packing.pack_inputs
-    monkeypatch.setattr(packing, "pack_inputs", lambda s, mb, loss_rows_only=False: original(s, mb))
+    monkeypatch.setattr(
+        packing, "pack_inputs", lambda s, mb, loss_rows_only=False, **kw: original(s, mb, **kw)
+    )
     full = step()
     for key in ("loss", "grad_norm", "policy/entropy", "mismatch/abs_diff_mean"):
         assert fast[0][key] == pytest.approx(full[0][key], rel=1e-5, abs=1e-7), key

@@ -59,22 +59,37 @@ def _sdpa(
     dropout: float,
     scale: float | None,
     gqa: bool,
+    prefix: int = 0,
 ) -> torch.Tensor:
-    """Causal SDPA of ``[b, h, s, d]`` tensors. A short sequence that the CPU would attend in
+    """Causal SDPA of ``[b, h, s, d]`` tensors whose keys and values may start with ``prefix``
+    entries every query sees (a shared prompt). A short sequence that the CPU would attend in
     half precision is computed in fp32 (:data:`CPU_FP32_ATTENTION_BELOW`) and returned in that
     half-precision dtype, as SDPA would have returned it."""
+    mask = None
+    if prefix:
+        s = q.shape[2]
+        mask = torch.ones(s, prefix + s, dtype=torch.bool, device=q.device)
+        mask[:, prefix:] = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
     half = _cpu_half_dtype(q)
-    if half is None or q.shape[2] >= CPU_FP32_ATTENTION_BELOW:
+    if half is None or k.shape[2] >= CPU_FP32_ATTENTION_BELOW:
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=gqa,
         )
     with torch.autocast("cpu", enabled=False):  # autocast would cast fp32 inputs to bf16
         out = F.scaled_dot_product_attention(
             q.float(),
             k.float(),
             v.float(),
+            attn_mask=mask,
             dropout_p=dropout,
-            is_causal=True,
+            is_causal=mask is None,
             scale=scale,
             enable_gqa=gqa,
         )
@@ -111,11 +126,14 @@ def packed_causal_sdpa(
     v: torch.Tensor,
     bounds: Sequence[int],
     *,
+    parents: Sequence[int] | None = None,
     dropout: float = 0.0,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """:func:`causal_sdpa` of ``[1, T, h, d]`` packed sequences whose starts and end are
-    ``bounds`` (``0 = b_0 < b_1 < ... = T``): each sequence attends only within itself.
+    """:func:`causal_sdpa` of ``[1, T, h, d]`` packed segments whose starts and end are
+    ``bounds`` (``0 = b_0 < b_1 < ... = T``): each segment attends only within itself, and a
+    segment whose ``parents`` entry is another segment's index (a shared prompt's, which has
+    none itself) first attends to all of that one, as if it preceded it.
 
     The row is cut with ``split``, whose backward is one concatenation: slicing it per
     sequence made each slice's backward fill and add a whole-row gradient (16 sequences x 30
@@ -127,16 +145,27 @@ def packed_causal_sdpa(
     sizes = [b - a for a, b in itertools.pairwise(bounds)]
     if min(sizes) < 1:
         raise ValueError(f"packed bounds {list(bounds)[:8]} hold an empty sequence")
+    parents = list(parents) if parents is not None else [-1] * len(sizes)
+    if len(parents) != len(sizes) or any(
+        p >= i or (p >= 0 and parents[p] >= 0) for i, p in enumerate(parents)
+    ):
+        raise ValueError(
+            f"packed parents {parents[:8]} must give each of the {len(sizes)} segments -1 or "
+            "the index of an earlier segment that has no parent itself"
+        )
     q, k, v, gqa = _heads_first(q, k, v, None)
     if len(sizes) == 1:
         return _sdpa(q, k, v, dropout, scale, gqa).transpose(1, 2)
-    outs = [
-        _sdpa(*parts, dropout, scale, gqa).transpose(1, 2)
-        for parts in zip(q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), strict=True)
-    ]
+    ks, vs = k.split(sizes, 2), v.split(sizes, 2)
+    outs = []
+    for i, (qi, ki, vi) in enumerate(zip(q.split(sizes, 2), ks, vs, strict=True)):
+        p = parents[i]
+        if p >= 0:  # the shared prompt's keys and values first; their gradients add up
+            ki, vi = torch.cat([ks[p], ki], dim=2), torch.cat([vs[p], vi], dim=2)
+        outs.append(_sdpa(qi, ki, vi, dropout, scale, gqa, sizes[p] if p >= 0 else 0))
     # Joined along the tokens: a contiguous [1, T, h, d], so the callers' reshape to
     # [T, h * d] is a view, not a second copy of the whole output.
-    return torch.cat(outs, dim=1)
+    return torch.cat([o.transpose(1, 2) for o in outs], dim=1)
 
 
 def _bounds_from_positions(position_ids: torch.Tensor | None, length: int) -> list[int]:
@@ -158,6 +187,7 @@ def hf_packed_sdpa(
     scaling: float | None = None,
     sliding_window: int | None = None,
     vime_bounds: Sequence[int] | None = None,
+    vime_parents: Sequence[int] | None = None,
     position_ids: torch.Tensor | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
@@ -173,8 +203,11 @@ def hf_packed_sdpa(
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     if q.shape[0] > 1:
         return causal_sdpa(q, k, v, dropout=dropout, scale=scaling), None
+    if vime_parents is not None and vime_bounds is None:
+        raise ValueError("vime_parents (shared prompts) needs the vime_bounds they refer to")
     bounds = vime_bounds or _bounds_from_positions(position_ids, q.shape[1])
-    return packed_causal_sdpa(q, k, v, bounds, dropout=dropout, scale=scaling), None
+    out = packed_causal_sdpa(q, k, v, bounds, parents=vime_parents, dropout=dropout, scale=scaling)
+    return out, None
 
 
 def register_hf_attention() -> None:

@@ -60,6 +60,16 @@ class TrainerConfig:
         "packed sequence; a transformers implementation (sdpa, eager, flex_attention) attends "
         "over the whole packed micro-batch through a block-causal mask",
     )
+    share_prompts: bool | None = option(
+        None,
+        help="samples of a micro-batch that start with the same prompt (a GRPO group's n "
+        "samples) hold it once in the packed row, each completion attending to that one copy, "
+        "so the prompt's tokens are computed once forward and backward (same math; the "
+        "quickstart's steps pack about a quarter fewer tokens); such samples are planned into one "
+        "micro-batch. Unset: on for the torch backend with --attn-implementation packed_sdpa, "
+        "off elsewhere; --share-prompts insists (an error where it cannot apply); "
+        "--no-share-prompts packs every sample whole",
+    )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
     bf16_weight_copy: bool | None = option(
         None,
@@ -154,12 +164,28 @@ class TrainerConfig:
                 f"GPU), got --backend {self.backend} --dtype {self.dtype}; the megatron backend "
                 "always keeps bf16 weights with float32 masters"
             )
+        if self.share_prompts and (
+            self.backend != "torch" or self.attn_implementation != "packed_sdpa"
+        ):
+            raise ConfigError(
+                "--share-prompts needs --backend torch and --attn-implementation packed_sdpa, "
+                f"got --backend {self.backend} --attn-implementation {self.attn_implementation}; "
+                "drop it or pass --no-share-prompts"
+            )
         decays = self.lr_decay_style != "constant"
         if decays and (self.train_iters is None or self.train_iters <= self.lr_warmup_iters):
             raise ConfigError(
                 f"--lr-decay-style {self.lr_decay_style} needs --train-iters greater than "
                 f"--lr-warmup-iters ({self.lr_warmup_iters}), got {self.train_iters!r}"
             )
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether micro-batches hold a prompt their samples share once (``--share-prompts``,
+        resolved)."""
+        if self.share_prompts is not None:
+            return self.share_prompts
+        return self.backend == "torch" and self.attn_implementation == "packed_sdpa"
 
 
 class Trainer(abc.ABC):
@@ -241,13 +267,23 @@ class Trainer(abc.ABC):
 
     # ---- the step algorithm ----------------------------------------------------------------
 
-    def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
-        """This data-parallel rank's micro-batches; every rank gets the same number."""
-        from vime.training.packing import plan_micro_batches
+    def _plans(self, batch: TrainBatch) -> list[list[MicroBatch]]:
+        """Every data-parallel rank's micro-batches; every rank gets the same number."""
+        from vime.training.packing import plan_micro_batches, prompt_units
 
+        budget = self.config.max_tokens_per_micro_batch
         lengths = [s.num_tokens for s in batch]
-        plan = plan_micro_batches(lengths, self.config.max_tokens_per_micro_batch, self.dp_size)
-        return plan[self.dp_rank]
+        units = prompt_units(batch.samples, budget) if self.config.shares_prompts else None
+        return plan_micro_batches(lengths, budget, self.dp_size, units)
+
+    def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
+        """This data-parallel rank's micro-batches."""
+        return self._plans(batch)[self.dp_rank]
+
+    def _pack(self, samples: list[TrainSample], mb: MicroBatch, **kw: bool) -> PackedInputs:
+        from vime.training.packing import pack_inputs
+
+        return pack_inputs(samples, mb, share_prompts=self.config.shares_prompts, **kw)
 
     def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
         """The current policy's logprobs: one float32 CPU tensor per sample, in batch order.
@@ -257,8 +293,6 @@ class Trainer(abc.ABC):
         """
         import torch
 
-        from vime.training.packing import pack_inputs, unpack_shifted
-
         if not batch.samples:
             return []
         mine: dict[int, torch.Tensor] = {}
@@ -266,9 +300,9 @@ class Trainer(abc.ABC):
         with torch.no_grad():
             for mb in self._plan(batch):
                 # Dummy micro-batches run too: sharded weights are gathered in lockstep.
-                inputs = pack_inputs(batch.samples, mb)
+                inputs = self._pack(batch.samples, mb)
                 token_logprobs, _ = self._token_logprobs_and_entropy(inputs)
-                logprobs = unpack_shifted(token_logprobs, inputs.cu_seqlens)
+                logprobs = inputs.unpack(token_logprobs)
                 if not mb.dummy and self.last_stage:
                     for i, lp in zip(mb.indices, logprobs, strict=True):
                         mine[i] = lp.float().cpu()
@@ -296,7 +330,8 @@ class Trainer(abc.ABC):
         """One optimizer step on the whole batch (micro-batched); returns metrics.
 
         Metrics: ``loss`` (the whole batch's), ``grad_norm`` (before clipping), ``lr``, token
-        and micro-batch counts, ``step_time_s``, ``tokens_per_s``, ``weight_version``, and the
+        and micro-batch counts (``num_tokens`` of the samples, ``num_packed_tokens`` of the
+        micro-batches, fewer with ``--share-prompts``), ``step_time_s``, ``tokens_per_s``, ``weight_version``, and the
         ``policy/*`` and ``mismatch/*`` metrics of :func:`~vime.algorithms.policy.policy_loss`
         as means over the batch's loss tokens.
         """
@@ -313,7 +348,8 @@ class Trainer(abc.ABC):
         self.model.train()
         self._zero_grad()
         sums = MetricSums()
-        plan = self._plan(batch)
+        plans = self._plans(batch)
+        plan = plans[self.dp_rank]
         self._step_logprobs, self._step_size = {}, len(batch)
         loss_total = self._forward_backward(
             plan, lambda mb: self._micro_batch_loss(batch.samples, mb, num_tokens, num_seqs, sums)
@@ -340,6 +376,10 @@ class Trainer(abc.ABC):
                 "num_tokens": float(batch.num_tokens),
                 "num_loss_tokens": float(num_tokens),
                 "num_micro_batches": float(len(plan)),
+                # What the micro-batches hold, over all ranks: fewer with shared prompts.
+                "num_packed_tokens": float(
+                    sum(mb.num_tokens for mbs in plans for mb in mbs if not mb.dummy)
+                ),
                 "step_time_s": elapsed,
                 "tokens_per_s": batch.num_tokens / elapsed,
                 "weight_version": float(self._weight_version),
@@ -375,12 +415,11 @@ class Trainer(abc.ABC):
         from torch.nn.utils.rnn import pad_sequence
 
         from vime.algorithms.policy import policy_loss_tensors
-        from vime.training.packing import pack_inputs, unpack_shifted
 
         # Only loss-mask rows go through the output layer: prompt and tool tokens need no logits.
-        inputs = pack_inputs(samples, mb, loss_rows_only=True)
+        inputs = self._pack(samples, mb, loss_rows_only=True)
         token_logprobs, token_entropy = self._token_logprobs_and_entropy(inputs)
-        per_seq = unpack_shifted(token_logprobs, inputs.cu_seqlens)
+        per_seq = inputs.unpack(token_logprobs)
         if mb.dummy:
             # Runs the same collectives as a real micro-batch and adds no gradient.
             return torch.cat(per_seq).sum() * 0.0
@@ -389,7 +428,7 @@ class Trainer(abc.ABC):
         chosen = [samples[i] for i in mb.indices]
         if self.loss_config.entropy_coef <= 0:
             token_entropy = token_entropy.detach()  # only the policy/entropy metric reads it
-        entropy = pad_sequence(unpack_shifted(token_entropy, inputs.cu_seqlens), batch_first=True)
+        entropy = pad_sequence(inputs.unpack(token_entropy), batch_first=True)
         mask = _padded(chosen, "loss_mask", self.device)
         assert mask is not None  # every sample has a loss mask
         # Metrics stay on the device; ``sums`` reads them once, at the end of the step.

@@ -229,7 +229,9 @@ class TorchTrainer(Trainer):
                     # A cache would make transformers skip packed-sequence detection and let
                     # attention cross sequence boundaries.
                     use_cache=False,
-                    vime_bounds=tuple(inputs.cu_seqlens),  # read by packed_sdpa only
+                    # Read by packed_sdpa only; the parents link shared prompts.
+                    vime_bounds=tuple(inputs.cu_seqlens),
+                    vime_parents=None if inputs.parents is None else tuple(inputs.parents),
                 )
         finally:
             del head.forward  # the class's forward again
