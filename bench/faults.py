@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vime.inference.engines import SERVER_MODULE
 from vime.orchestration.reaper import _read as read_bytes
 from vime.orchestration.reaper import pid_alive
 
@@ -282,7 +283,7 @@ def _mid_step(
     return target, f"step {run.steps_done() + 1} +{delay:.1f}s"
 
 
-ENGINE = b"vime.inference.server_main"  # an engine's API server (engines.SERVER_MODULE)
+ENGINE = SERVER_MODULE.encode()  # an engine's API server, found by its command line
 
 
 def _kill_process(pattern: bytes, sig: int = signal.SIGKILL) -> Callable:

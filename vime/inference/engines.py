@@ -17,12 +17,13 @@ from pathlib import Path
 
 from vime.config.passthrough import has_flag
 from vime.hardware import preload_tcmalloc
+from vime.inference import server_main
 from vime.inference.config import ServeConfig
 from vime.inference.server_main import FORK_ENGINE_CORE
 
 WORKER_EXTENSION = "vime.inference.worker_extension.VimeWorkerExtension"
 MIDDLEWARE = "vime.inference.middleware.WeightVersionMiddleware"
-SERVER_MODULE = "vime.inference.server_main"
+SERVER_MODULE = server_main.__name__
 
 
 def served_model_name(model: str) -> str:
