@@ -23,7 +23,10 @@ def test_two_fsdp_processes_match_one_process(untied_qwen3, tmp_path):
         assert m2["loss"] == pytest.approx(m1["loss"], abs=1e-5)
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
         assert m2["num_loss_tokens"] == m1["num_loss_tokens"]
+        assert m2["num_packed_tokens"] == m1["num_packed_tokens"]
         assert m2["policy/entropy"] == pytest.approx(m1["policy/entropy"], abs=1e-5)
+    shared = single["metrics"][1]  # a grouped batch: shared prompts were packed once
+    assert shared["num_packed_tokens"] < 0.85 * shared["num_tokens"]
     assert sorted(ranks[0]["weights"]) == sorted(single["weights"])
     for name, tensor in single["weights"].items():
         torch.testing.assert_close(ranks[0]["weights"][name], tensor, atol=1e-5, rtol=0, msg=name)

@@ -8,17 +8,16 @@ in float32 to rounding, through the path ``vime train`` runs.
 from __future__ import annotations
 
 import itertools
-import random
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trainer_data import grouped_batch, sample
 
 from vime.errors import ConfigError
 from vime.training.attention import causal_sdpa, packed_causal_sdpa
 from vime.training.base import TrainerConfig
-from vime.training.batch import TrainBatch, TrainSample
 from vime.training.packing import (
     MicroBatch,
     pack_inputs,
@@ -26,25 +25,6 @@ from vime.training.packing import (
     prompt_units,
     shared_cost,
 )
-
-
-def sample(prompt: list[int], response: list[int], adv: float = 1.0) -> TrainSample:
-    mask = [0] * len(prompt) + [1] * len(response)
-    return TrainSample(
-        prompt + response, mask, [adv * m for m in mask], [-1.5 * m for m in mask], sample_id=""
-    )
-
-
-def grouped_batch(seed: int, groups: int = 3, n: int = 4, vocab: int = 384) -> TrainBatch:
-    """``groups`` prompts with ``n`` samples each (GRPO-shaped), advantages of both signs."""
-    rng = random.Random(seed)
-    samples = []
-    for _ in range(groups):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(3, 12))]
-        for k in range(n):
-            response = [rng.randrange(vocab) for _ in range(rng.randint(1, 15))]
-            samples.append(sample(prompt, response, 1.0 if k % 2 else -1.0))
-    return TrainBatch(samples)
 
 
 def test_a_group_holds_its_prompt_once_and_each_sample_continues_it():

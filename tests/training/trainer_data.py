@@ -65,6 +65,25 @@ def make_batch(
     return TrainBatch(samples)
 
 
+def sample(prompt: list[int], response: list[int], adv: float = 1.0) -> TrainSample:
+    mask = [0] * len(prompt) + [1] * len(response)
+    return TrainSample(
+        prompt + response, mask, [adv * m for m in mask], [-1.5 * m for m in mask], sample_id=""
+    )
+
+
+def grouped_batch(seed: int, groups: int = 3, n: int = 4, vocab: int = 384) -> TrainBatch:
+    """``groups`` prompts with ``n`` samples each (GRPO-shaped), advantages of both signs."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(groups):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(3, 12))]
+        for k in range(n):
+            response = [rng.randrange(vocab) for _ in range(rng.randint(1, 15))]
+            samples.append(sample(prompt, response, 1.0 if k % 2 else -1.0))
+    return TrainBatch(samples)
+
+
 def config(model: Path, **overrides) -> TrainerConfig:
     """A trainer config for tests: fp32, a small token budget, a visible learning rate."""
     values = dict(hf_checkpoint=str(model), lr=1e-3, max_tokens_per_micro_batch=64, seed=7)
@@ -81,7 +100,11 @@ def train_and_report(model: Path, steps: int, save_dir: Path | None = None) -> d
 
     trainer = TorchTrainer(config(model, max_tokens_per_micro_batch=48))
     logprobs = trainer.compute_logprobs(make_batch(20, num_samples=5))
-    metrics = [trainer.train_step(make_batch(21 + i, num_samples=5)) for i in range(steps)]
+    # Odd steps train GRPO-shaped groups, whose prompts the micro-batches hold once.
+    metrics = [
+        trainer.train_step(grouped_batch(21 + i) if i % 2 else make_batch(21 + i, num_samples=5))
+        for i in range(steps)
+    ]
     weights = {n: t.clone() for b in trainer.export_weights(bucket_bytes=1 << 16) for n, t in b}
     if save_dir is not None:
         trainer.save(save_dir)
