@@ -170,7 +170,7 @@ def _trainer(folder, tmp_path, *flags: str):
     argv = ["train", "--model", str(folder), "--env", "vime/Math-v0", "--output-dir",
             str(tmp_path), "--lr", "1e-3", "--max-tokens-per-micro-batch", "48", *flags]  # fmt: skip
     setup = build_setup(parse_args(argv))
-    return setup.trainer, TorchTrainer(setup.trainer, setup.loss)
+    return TorchTrainer(setup.trainer, setup.loss)
 
 
 def test_shared_prompts_change_no_logprob_loss_or_weight(untied_qwen3, tmp_path):
@@ -179,13 +179,13 @@ def test_shared_prompts_change_no_logprob_loss_or_weight(untied_qwen3, tmp_path)
     from fewer packed tokens."""
     runs = {}
     for flags in ((), ("--no-share-prompts",)):
-        cfg, trainer = _trainer(untied_qwen3, tmp_path, *flags)
+        trainer = _trainer(untied_qwen3, tmp_path, *flags)
         batch = grouped_batch(0)
         first = trainer.compute_logprobs(batch)
         steps = [trainer.train_step(grouped_batch(s)) for s in (0, 1)]
-        runs[flags] = (cfg, first, steps, trainer.step_logprobs(), trainer.compute_logprobs(batch), dict(trainer.model.named_parameters()))  # fmt: skip
+        runs[flags] = (trainer.shares_prompts, first, steps, trainer.step_logprobs(), trainer.compute_logprobs(batch), dict(trainer.model.named_parameters()))  # fmt: skip
     shared, whole = runs[()], runs[("--no-share-prompts",)]
-    assert shared[0].shares_prompts and not whole[0].shares_prompts
+    assert shared[0] and not whole[0]
     for a, b in zip(shared[1] + shared[3] + shared[4], whole[1] + whole[3] + whole[4], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=5e-6)
     for a, b in zip(shared[2], whole[2], strict=True):
@@ -198,9 +198,11 @@ def test_shared_prompts_change_no_logprob_loss_or_weight(untied_qwen3, tmp_path)
 
 
 def test_share_prompts_is_refused_where_it_cannot_apply(tmp_path):
-    assert TrainerConfig(hf_checkpoint="m").shares_prompts
-    assert not TrainerConfig(hf_checkpoint="m", backend="megatron").shares_prompts
-    assert not TrainerConfig(hf_checkpoint="m", attn_implementation="sdpa").shares_prompts
+    assert TrainerConfig(hf_checkpoint="m").shares_prompts("cpu")
+    assert not TrainerConfig(hf_checkpoint="m").shares_prompts("cuda")  # not measured there yet
+    assert TrainerConfig(hf_checkpoint="m", share_prompts=True).shares_prompts("cuda")
+    assert not TrainerConfig(hf_checkpoint="m", backend="megatron").shares_prompts("cpu")
+    assert not TrainerConfig(hf_checkpoint="m", attn_implementation="sdpa").shares_prompts("cpu")
     with pytest.raises(ConfigError, match="--share-prompts needs --backend torch"):
         TrainerConfig(hf_checkpoint="m", backend="megatron", share_prompts=True)
     with pytest.raises(ConfigError, match=r"--attn-implementation packed_sdpa, got .* sdpa"):

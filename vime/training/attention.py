@@ -67,9 +67,14 @@ def _sdpa(
     half-precision dtype, as SDPA would have returned it."""
     mask = None
     if prefix:
-        s = q.shape[2]
-        mask = torch.ones(s, prefix + s, dtype=torch.bool, device=q.device)
-        mask[:, prefix:] = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        from torch.nn.attention.bias import causal_lower_right
+
+        if gqa:  # the flash path of a lower-right causal bias takes no grouped heads
+            rep = q.shape[1] // k.shape[1]
+            k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
+        # Query i sees keys 0 .. prefix + i: on CUDA the flash kernel's own causal alignment,
+        # no [s, prefix + s] mask; the CPU builds that mask.
+        mask = causal_lower_right(q.shape[2], k.shape[2])
     half = _cpu_half_dtype(q)
     if half is None or k.shape[2] >= CPU_FP32_ATTENTION_BELOW:
         return F.scaled_dot_product_attention(
