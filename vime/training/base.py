@@ -67,9 +67,8 @@ class TrainerConfig:
         "so the prompt's tokens are computed once forward and backward (same math; the "
         "quickstart's steps pack about a quarter fewer tokens); such samples are planned into "
         "one micro-batch. Unset: on for the torch backend with --attn-implementation "
-        "packed_sdpa on the CPU, off elsewhere (not yet measured on a GPU, where "
-        "--share-prompts turns it on); --share-prompts insists (an error where it cannot "
-        "apply); --no-share-prompts packs every sample whole",
+        "packed_sdpa, off elsewhere; --share-prompts insists (an error where it cannot apply); "
+        "--no-share-prompts packs every sample whole",
     )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
     bf16_weight_copy: bool | None = option(
@@ -180,16 +179,13 @@ class TrainerConfig:
                 f"--lr-warmup-iters ({self.lr_warmup_iters}), got {self.train_iters!r}"
             )
 
-    def shares_prompts(self, device_type: str) -> bool:
-        """Whether micro-batches on a ``device_type`` device hold a prompt their samples share
-        once (``--share-prompts``, resolved)."""
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether micro-batches hold a prompt their samples share once (``--share-prompts``,
+        resolved)."""
         if self.share_prompts is not None:
             return self.share_prompts
-        return (
-            self.backend == "torch"
-            and self.attn_implementation == "packed_sdpa"
-            and device_type == "cpu"
-        )
+        return self.backend == "torch" and self.attn_implementation == "packed_sdpa"
 
 
 class Trainer(abc.ABC):
@@ -232,11 +228,6 @@ class Trainer(abc.ABC):
         self._weight_version = 0
         self._step_logprobs: dict[int, torch.Tensor] = {}  # of the last train_step
         self._step_size = 0
-
-    @property
-    def shares_prompts(self) -> bool:
-        """Whether this trainer's micro-batches hold shared prompts once (``--share-prompts``)."""
-        return self.config.shares_prompts(self.device.type)
 
     @property
     def weight_version(self) -> int:
@@ -282,7 +273,7 @@ class Trainer(abc.ABC):
 
         budget = self.config.max_tokens_per_micro_batch
         lengths = [s.num_tokens for s in batch]
-        units = prompt_units(batch.samples, budget) if self.shares_prompts else None
+        units = prompt_units(batch.samples, budget) if self.config.shares_prompts else None
         return plan_micro_batches(lengths, budget, self.dp_size, units)
 
     def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
@@ -292,7 +283,7 @@ class Trainer(abc.ABC):
     def _pack(self, samples: list[TrainSample], mb: MicroBatch, **kw: bool) -> PackedInputs:
         from vime.training.packing import pack_inputs
 
-        return pack_inputs(samples, mb, share_prompts=self.shares_prompts, **kw)
+        return pack_inputs(samples, mb, share_prompts=self.config.shares_prompts, **kw)
 
     def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
         """The current policy's logprobs: one float32 CPU tensor per sample, in batch order.
