@@ -229,58 +229,48 @@ def pack_inputs(
     tokens: list[int] = []
     positions: list[int] = []
     cu, parents = [0], []
-    rows_of: dict[int, list[int]] = {}  # sample -> the row of each of its tokens
+    runs_of: dict[int, list[tuple[int, int]]] = {}  # sample -> the row runs of its tokens
 
-    def segment(ids: Sequence[int], first: int, parent: int) -> int:
+    def segment(ids: Sequence[int], first: int, parent: int) -> tuple[int, int]:
         start = cu[-1]
         tokens.extend(ids)
         positions.extend(range(first, first + len(ids)))
         cu.append(start + len(ids))
         parents.append(parent)
-        return start
+        return start, cu[-1]
 
     for group, prompt in groups:
         if not prompt:
             for i in group:
-                start = segment(samples[i].token_ids, 0, -1)
-                rows_of[i] = list(range(start, cu[-1]))
+                runs_of[i] = [segment(samples[i].token_ids, 0, -1)]
             continue
         parent = len(parents)
-        head = segment(samples[group[0]].token_ids[: prompt - 1], 0, -1)
-        shared = list(range(head, cu[-1]))
+        shared = segment(samples[group[0]].token_ids[: prompt - 1], 0, -1)
         for i in group:
-            start = segment(samples[i].token_ids[prompt - 1 :], prompt - 1, parent)
-            rows_of[i] = shared + list(range(start, cu[-1]))
+            runs_of[i] = [shared, segment(samples[i].token_ids[prompt - 1 :], prompt - 1, parent)]
     ids = torch.tensor([tokens], dtype=torch.long)
     pos = torch.tensor([positions], dtype=torch.long)
     rows = None
     if loss_rows_only:
         # Token j >= 1 is scored by the row of token j - 1; token 0 by none.
-        rows = torch.tensor(
-            sorted(
-                rows_of[i][j - 1]
-                for i in micro_batch.indices
-                for j, m in enumerate(samples[i].loss_mask)
-                if j and m
-            ),
-            dtype=torch.long,
-        )
+        scored = [
+            torch.cat([torch.arange(a, b) for a, b in runs_of[i]])[:-1][
+                torch.tensor(samples[i].loss_mask[1:], dtype=torch.bool)
+            ]
+            for i in micro_batch.indices
+        ]
+        rows = torch.cat(scored).sort().values
     if not share_prompts:
         return PackedInputs(ids, pos, cu, rows)
-    # A sample's values are those of the rows of its tokens 0 .. n-2, in runs of rows.
-    pieces = [_runs(rows_of[i][:-1]) for i in micro_batch.indices]
+    # A sample's values are those of the rows of its tokens 0 .. n-2: its runs but the last row.
+    pieces = [_without_last_row(runs_of[i]) for i in micro_batch.indices]
     return PackedInputs(ids, pos, cu, rows, parents, pieces)
 
 
-def _runs(rows: Sequence[int]) -> list[tuple[int, int]]:
-    """``rows`` as ``(start, stop)`` runs of consecutive rows."""
-    runs: list[tuple[int, int]] = []
-    for r in rows:
-        if runs and runs[-1][1] == r:
-            runs[-1] = (runs[-1][0], r + 1)
-        else:
-            runs.append((r, r + 1))
-    return runs
+def _without_last_row(runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``runs`` of rows, less the last row (a run left empty is dropped)."""
+    *head, (a, b) = runs
+    return [*head, (a, b - 1)] if b - 1 > a else list(head)
 
 
 def unpack_shifted(per_row: torch.Tensor, cu_seqlens: Sequence[int]) -> list[torch.Tensor]:
