@@ -320,14 +320,18 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def attention_backends(choice: str) -> Any:
-    """SDPA kernel preference: ``default`` (torch's order) or ``cudnn`` first."""
+    """SDPA kernel preference: ``default`` (the trainers' own, torch's order for the plain
+    loop) or ``cudnn`` first, for the plain loop and the trainers' attention alike."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from vime.training import attention
+
     if choice == "default":
         return contextlib.nullcontext()
     order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    attention.CUDA_SDPA_BACKENDS = (*order, SDPBackend.MATH)
     return sdpa_kernel(order, set_priority=True)
 
 
@@ -481,7 +485,7 @@ def main() -> None:
         "backend[+cudnn][+packN][+masked][+unfused][+no-NAME][+autocast][+profile][+cprofile]"
         "[+export]; "
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
-        "cuDNN attention first; packN: N sequences per micro-batch; masked: the torch backend "
+        "cuDNN attention first, which the trainers otherwise leave out; packN: N sequences per micro-batch; masked: the torch backend "
         "with transformers' block-masked sdpa instead of packed_sdpa; unfused: megatron without "
         "its SwiGLU, RoPE, weight-gradient accumulation, RMSNorm, optimizer and query/key "
         "norm + RoPE fusions, which are on by default on CUDA, and either backend without the output softmax kernels; "

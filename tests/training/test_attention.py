@@ -199,3 +199,34 @@ def test_hf_packed_sdpa_refuses_what_it_cannot_do() -> None:
         hf_packed_sdpa(torch.nn.Module(), q, q, q, None, sliding_window=4)
     with pytest.raises(ValueError, match="no padding mask"):
         hf_packed_sdpa(torch.nn.Module(), q, q, q, torch.ones(1, 1, 5, 5, dtype=torch.bool))
+
+
+def test_cuda_attention_keeps_off_cudnn_and_the_cpu_is_left_alone(monkeypatch) -> None:
+    """cuDNN builds a plan for every new sequence length (about 63 ms each way on an H100), and
+    an RL batch's lengths are new at every step: CUDA calls go to flash, then the others."""
+    from types import SimpleNamespace
+
+    from torch.nn.attention import SDPBackend
+
+    from vime.training import attention
+
+    assert SDPBackend.CUDNN_ATTENTION not in attention.CUDA_SDPA_BACKENDS
+    assert attention.CUDA_SDPA_BACKENDS[0] == SDPBackend.FLASH_ATTENTION
+    entered = []
+
+    def record(backends, set_priority=False):
+        entered.append((backends, set_priority))
+        return attention.contextlib.nullcontext()
+
+    monkeypatch.setattr(attention, "sdpa_kernel", record)
+    with attention._cuda_kernels(SimpleNamespace(is_cuda=True)):
+        pass
+    assert entered == [(list(attention.CUDA_SDPA_BACKENDS), True)]
+    q = torch.randn(1, 5, 2, 8)
+    packed_causal_sdpa(q, q, q, [0, 2, 5])
+    causal_sdpa(q, q, q)
+    assert len(entered) == 1  # CPU tensors: torch's own choice
+    monkeypatch.setattr(attention, "CUDA_SDPA_BACKENDS", None)
+    with attention._cuda_kernels(SimpleNamespace(is_cuda=True)):
+        pass
+    assert len(entered) == 1  # None: torch's own choice on CUDA too

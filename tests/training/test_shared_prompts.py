@@ -183,7 +183,7 @@ def test_shared_prompts_change_no_logprob_loss_or_weight(untied_qwen3, tmp_path)
         batch = grouped_batch(0)
         first = trainer.compute_logprobs(batch)
         steps = [trainer.train_step(grouped_batch(s)) for s in (0, 1)]
-        runs[flags] = (trainer.config.shares_prompts, first, steps, trainer.step_logprobs(), trainer.compute_logprobs(batch), dict(trainer.model.named_parameters()))  # fmt: skip
+        runs[flags] = (trainer.shares_prompts, first, steps, trainer.step_logprobs(), trainer.compute_logprobs(batch), dict(trainer.model.named_parameters()))  # fmt: skip
     shared, whole = runs[()], runs[("--no-share-prompts",)]
     assert shared[0] and not whole[0]
     for a, b in zip(shared[1] + shared[3] + shared[4], whole[1] + whole[3] + whole[4], strict=True):
@@ -198,10 +198,12 @@ def test_shared_prompts_change_no_logprob_loss_or_weight(untied_qwen3, tmp_path)
 
 
 def test_share_prompts_is_refused_where_it_cannot_apply(tmp_path):
-    assert TrainerConfig(hf_checkpoint="m").shares_prompts
-    assert not TrainerConfig(hf_checkpoint="m", share_prompts=False).shares_prompts
-    assert not TrainerConfig(hf_checkpoint="m", backend="megatron").shares_prompts
-    assert not TrainerConfig(hf_checkpoint="m", attn_implementation="sdpa").shares_prompts
+    assert TrainerConfig(hf_checkpoint="m").shares_prompts("cpu")
+    assert not TrainerConfig(hf_checkpoint="m").shares_prompts("cuda")  # slower there (H100)
+    assert TrainerConfig(hf_checkpoint="m", share_prompts=True).shares_prompts("cuda")
+    assert not TrainerConfig(hf_checkpoint="m", share_prompts=False).shares_prompts("cpu")
+    assert not TrainerConfig(hf_checkpoint="m", backend="megatron").shares_prompts("cpu")
+    assert not TrainerConfig(hf_checkpoint="m", attn_implementation="sdpa").shares_prompts("cpu")
     with pytest.raises(ConfigError, match="--share-prompts needs --backend torch"):
         TrainerConfig(hf_checkpoint="m", backend="megatron", share_prompts=True)
     with pytest.raises(ConfigError, match=r"--attn-implementation packed_sdpa, got .* sdpa"):

@@ -67,8 +67,10 @@ class TrainerConfig:
         "so the prompt's tokens are computed once forward and backward (same math; the "
         "quickstart's steps pack about a quarter fewer tokens); such samples are planned into "
         "one micro-batch. Unset: on for the torch backend with --attn-implementation "
-        "packed_sdpa, off elsewhere; --share-prompts insists (an error where it cannot apply); "
-        "--no-share-prompts packs every sample whole",
+        "packed_sdpa on the CPU, off elsewhere (on an H100 a 0.6B model's GRPO steps with "
+        "256-token prompts ran 0.80x as fast with it: the shared path's attention repeats the "
+        "grouped key/value heads per sequence); --share-prompts insists (an error where it "
+        "cannot apply); --no-share-prompts packs every sample whole",
     )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
     bf16_weight_copy: bool | None = option(
@@ -179,13 +181,16 @@ class TrainerConfig:
                 f"--lr-warmup-iters ({self.lr_warmup_iters}), got {self.train_iters!r}"
             )
 
-    @property
-    def shares_prompts(self) -> bool:
-        """Whether micro-batches hold a prompt their samples share once (``--share-prompts``,
-        resolved)."""
+    def shares_prompts(self, device_type: str) -> bool:
+        """Whether micro-batches on a ``device_type`` device hold a prompt their samples share
+        once (``--share-prompts``, resolved)."""
         if self.share_prompts is not None:
             return self.share_prompts
-        return self.backend == "torch" and self.attn_implementation == "packed_sdpa"
+        return (
+            self.backend == "torch"
+            and self.attn_implementation == "packed_sdpa"
+            and device_type == "cpu"
+        )
 
 
 class Trainer(abc.ABC):
@@ -228,6 +233,11 @@ class Trainer(abc.ABC):
         self._weight_version = 0
         self._step_logprobs: dict[int, torch.Tensor] = {}  # of the last train_step
         self._step_size = 0
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether this trainer's micro-batches hold shared prompts once (``--share-prompts``)."""
+        return self.config.shares_prompts(self.device.type)
 
     @property
     def weight_version(self) -> int:
@@ -273,7 +283,7 @@ class Trainer(abc.ABC):
 
         budget = self.config.max_tokens_per_micro_batch
         lengths = [s.num_tokens for s in batch]
-        units = prompt_units(batch.samples, budget) if self.config.shares_prompts else None
+        units = prompt_units(batch.samples, budget) if self.shares_prompts else None
         return plan_micro_batches(lengths, budget, self.dp_size, units)
 
     def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
@@ -283,7 +293,7 @@ class Trainer(abc.ABC):
     def _pack(self, samples: list[TrainSample], mb: MicroBatch, **kw: bool) -> PackedInputs:
         from vime.training.packing import pack_inputs
 
-        return pack_inputs(samples, mb, share_prompts=self.config.shares_prompts, **kw)
+        return pack_inputs(samples, mb, share_prompts=self.shares_prompts, **kw)
 
     def compute_logprobs(self, batch: TrainBatch) -> list[torch.Tensor]:
         """The current policy's logprobs: one float32 CPU tensor per sample, in batch order.
