@@ -68,9 +68,9 @@ class TrainerConfig:
         "quickstart's steps pack about a quarter fewer tokens); such samples are planned into "
         "one micro-batch. Unset: on for the torch backend with --attn-implementation "
         "packed_sdpa on the CPU, off elsewhere (on an H100 a 0.6B model's GRPO steps with "
-        "256-token prompts ran 0.80x as fast with it: the shared path's attention repeats the "
-        "grouped key/value heads per sequence); --share-prompts insists (an error where it "
-        "cannot apply); --no-share-prompts packs every sample whole",
+        "256-token prompts ran 0.80x as fast with it, see docs/performance.md); "
+        "--share-prompts insists (an error where it cannot apply); --no-share-prompts packs "
+        "every sample whole",
     )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward")
     bf16_weight_copy: bool | None = option(
