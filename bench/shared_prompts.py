@@ -57,7 +57,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from torch.nn.attention import SDPBackend
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from vime.training import attention
@@ -66,7 +65,7 @@ def main() -> None:
 
     choices = {
         "vime": attention.CUDA_SDPA_BACKENDS,
-        "cudnn": (SDPBackend.CUDNN_ATTENTION, *(attention.CUDA_SDPA_BACKENDS or ())),
+        "cudnn": attention.cudnn_first(),
     }
     sdpas = [x for x in args.sdpa.split(",") if x]
     if not sdpas or any(x not in choices for x in sdpas):

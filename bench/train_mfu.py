@@ -324,15 +324,14 @@ def attention_backends(choice: str) -> Any:
     loop) or ``cudnn`` first, for the plain loop and the trainers' attention alike."""
     import contextlib
 
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
     from vime.training import attention
 
     if choice == "default":
         return contextlib.nullcontext()
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-    attention.CUDA_SDPA_BACKENDS = (*order, SDPBackend.MATH)
-    return sdpa_kernel(order, set_priority=True)
+    attention.CUDA_SDPA_BACKENDS = attention.cudnn_first()
+    return sdpa_kernel(list(attention.CUDA_SDPA_BACKENDS), set_priority=True)
 
 
 STACK_OPS = {"aten::copy_", "aten::add_", "aten::mul", "aten::cat", "aten::_to_copy", "aten::sum"}

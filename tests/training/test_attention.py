@@ -230,3 +230,14 @@ def test_cuda_attention_keeps_off_cudnn_and_the_cpu_is_left_alone(monkeypatch) -
     with attention._cuda_kernels(SimpleNamespace(is_cuda=True)):
         pass
     assert len(entered) == 1  # None: torch's own choice on CUDA too
+
+
+def test_the_benches_cudnn_order_puts_cudnn_before_the_trainers_own(monkeypatch) -> None:
+    from torch.nn.attention import SDPBackend
+
+    from vime.training import attention
+
+    assert attention.cudnn_first() == (SDPBackend.CUDNN_ATTENTION, *attention.CUDA_SDPA_BACKENDS)
+    monkeypatch.setattr(attention, "CUDA_SDPA_BACKENDS", None)  # torch's choice: all of them
+    assert attention.cudnn_first()[0] == SDPBackend.CUDNN_ATTENTION
+    assert SDPBackend.FLASH_ATTENTION in attention.cudnn_first()

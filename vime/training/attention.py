@@ -39,6 +39,17 @@ CUDA_SDPA_BACKENDS: tuple[SDPBackend, ...] | None = (
 )
 
 
+def cudnn_first() -> tuple[SDPBackend, ...]:
+    """:data:`CUDA_SDPA_BACKENDS` with cuDNN in front (torch's own first choice on Hopper): the
+    order the benches' ``cudnn`` rows measure the default against."""
+    rest = CUDA_SDPA_BACKENDS or (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    )
+    return (SDPBackend.CUDNN_ATTENTION, *(b for b in rest if b != SDPBackend.CUDNN_ATTENTION))
+
+
 # SDPA's fused CPU kernel pays a fixed ~2 ms in its bf16/fp16 backward whatever the length
 # (9 heads of 64 on 2 cores: 2.1 ms fwd+bwd at 128 tokens, 0.9 ms in fp32); from about 256
 # tokens on, the half-precision kernel is the faster (8.2 vs 9.7 ms at 512).
