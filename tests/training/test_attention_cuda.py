@@ -62,3 +62,18 @@ def test_bf16_attention_is_as_close_to_fp32_as_torchs_own_choice(monkeypatch, pa
         scale = ref.abs().max().item()
         print(f"{name}: ours {err:.3g}, torch's choice {base_err:.3g}, |ref| {scale:.3g}")
         assert err <= 1.25 * base_err + 1e-3 * scale, (name, err, base_err)
+
+
+def test_a_shared_prompt_reads_grouped_heads_through_flash(monkeypatch):
+    calls = []
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        calls.append((q.shape[1], k.shape[1]))
+        return flash(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention", spy)
+    bounds = [0, 64, 192, 256]
+    q, k, v, _ = (t.to(torch.bfloat16) for t in _inputs(16, 8, bounds, seed=3))
+    packed_causal_sdpa(q, k, v, bounds, parents=[-1, 0, 0])
+    assert calls == [(16, 8), (16, 8)]  # the two continuations; the prompt itself is plain causal

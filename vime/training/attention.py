@@ -94,6 +94,12 @@ def _sdpa(
     half-precision dtype, as SDPA would have returned it."""
     mask = None
     if prefix:
+        if _flash_takes(q, k, v, dropout, gqa):
+            # Flash's causal mask is aligned to the bottom right when there are more keys than
+            # queries: query i sees keys 0 .. prefix + i, and the kernel reads grouped heads.
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout, is_causal=True, return_debug_mask=False, scale=scale
+            )[0]
         if gqa:  # the flash path of a lower-right causal bias takes no grouped heads
             rep = q.shape[1] // k.shape[1]
             k, v, gqa = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), False
@@ -124,6 +130,23 @@ def _sdpa(
             enable_gqa=gqa,
         )
     return out.to(half)
+
+
+def _flash_takes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, gqa: bool
+) -> bool:
+    """Whether SDPA's flash kernel may run these ``[b, h, s, d]`` CUDA tensors, by SDPA's own
+    checks (dtype, head size, device), and :data:`CUDA_SDPA_BACKENDS` puts it first."""
+    if (
+        not q.is_cuda
+        or not CUDA_SDPA_BACKENDS
+        or CUDA_SDPA_BACKENDS[0] != SDPBackend.FLASH_ATTENTION
+    ):
+        return False
+    # is_causal off: SDPA refuses flash for a causal mask of more keys than queries, whose
+    # alignment differs from flash's; the mask here is flash's own (bottom right).
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, dropout, False, gqa)
+    return torch.backends.cuda.can_use_flash_attention(params, False)
 
 
 @contextlib.contextmanager
