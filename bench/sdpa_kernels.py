@@ -4,7 +4,8 @@ grouped key/value heads read as they are, forward + backward of one sequence per
 For each length: flash's time per call, cuDNN's first call at that length (the plan it
 builds for a new shape, forward and backward), and cuDNN's time per call once planned; which
 kernels ran comes from the profiler, so a backend that SDPA silently skipped shows. These are
-the numbers behind ``vime.training.attention.CUDA_SDPA_BACKENDS``. Needs a GPU.
+the numbers behind ``vime.training.attention.CUDA_SDPA_BACKENDS`` and ``CUDNN_FROM``. Needs a
+GPU.
 
     python bench/sdpa_kernels.py --lengths 512,1024,2048,4096,8192 --out sdpa_kernels.json
 """

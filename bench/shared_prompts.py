@@ -2,9 +2,10 @@
 
 A random Qwen3-0.6B-shaped model (bf16, tied embeddings); each batch holds ``--groups``
 prompts of ``--prompt-len`` tokens with ``--n`` completions of 500-3,000 tokens each. Each row
-builds a fresh trainer, runs one warm-up step, then times ``--steps`` steps. ``--sdpa`` adds
-rows with cuDNN attention first (``cudnn``), which the trainer leaves out by default
-(``vime``; see ``vime.training.attention.CUDA_SDPA_BACKENDS``). Needs a GPU.
+builds a fresh trainer, runs one warm-up step, then times ``--steps`` steps. ``--sdpa`` picks
+the attention kernels of each row: the trainer's own (``vime``: flash, and cuDNN for sequences
+of ``vime.training.attention.CUDNN_FROM`` tokens or more), ``flash`` only, or ``cudnn`` first
+at every length. Needs a GPU.
 
     python bench/shared_prompts.py --prompt-lens 256,2048 --sdpa vime,cudnn --out shared_prompts.json
 """
@@ -50,8 +51,8 @@ def main() -> None:
     parser.add_argument(
         "--sdpa",
         default="vime",
-        help="comma-separated SDPA kernel choices to run rows with: vime (the trainer's own, "
-        "without cuDNN), cudnn (cuDNN first)",
+        help="comma-separated SDPA kernel choices to run rows with: vime (the trainer's own: "
+        "flash, cuDNN for long sequences), flash (never cuDNN), cudnn (cuDNN first)",
     )
     parser.add_argument("--out", default="shared_prompts.json")
     args = parser.parse_args()
@@ -63,9 +64,10 @@ def main() -> None:
     from vime.training.base import TrainerConfig
     from vime.training.torch_backend import TorchTrainer
 
-    choices = {
-        "vime": attention.CUDA_SDPA_BACKENDS,
-        "cudnn": attention.cudnn_first(),
+    choices = {  # CUDA_SDPA_BACKENDS, CUDNN_FROM
+        "vime": (attention.CUDA_SDPA_BACKENDS, attention.CUDNN_FROM),
+        "flash": (attention.CUDA_SDPA_BACKENDS, None),
+        "cudnn": (attention.cudnn_first(), attention.CUDNN_FROM),
     }
     sdpas = [x for x in args.sdpa.split(",") if x]
     if not sdpas or any(x not in choices for x in sdpas):
@@ -93,7 +95,7 @@ def main() -> None:
         for share in (False, True)
     ]
     for prompt_len, sdpa, share in cases:
-        attention.CUDA_SDPA_BACKENDS = choices[sdpa]
+        attention.CUDA_SDPA_BACKENDS, attention.CUDNN_FROM = choices[sdpa]
         config = TrainerConfig(
             hf_checkpoint=folder,
             lr=1e-6,

@@ -55,7 +55,9 @@ TRAINER_FUSIONS = {
 
 
 BACKENDS = ("plain", "megatron", "torch")
-OPTIONS = frozenset({"cudnn", "masked", "unfused", "autocast", "profile", "cprofile", "export"})
+OPTIONS = frozenset(
+    {"cudnn", "flash", "masked", "unfused", "autocast", "profile", "cprofile", "export"}
+)
 RENAMED = {"weight-copy": "the bf16 weight copy is the torch backend's default on a GPU now; "
            "torch+autocast measures the autocast path"}  # fmt: skip
 
@@ -321,7 +323,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 def attention_backends(choice: str) -> Any:
     """SDPA kernel preference: ``default`` (the trainers' own, torch's order for the plain
-    loop) or ``cudnn`` first, for the plain loop and the trainers' attention alike."""
+    loop), ``cudnn`` first for every length, for the plain loop and the trainers' attention
+    alike, or ``flash``: the trainers without their cuDNN path for long sequences."""
     import contextlib
 
     from torch.nn.attention import sdpa_kernel
@@ -329,6 +332,9 @@ def attention_backends(choice: str) -> Any:
     from vime.training import attention
 
     if choice == "default":
+        return contextlib.nullcontext()
+    if choice == "flash":
+        attention.CUDNN_FROM = None
         return contextlib.nullcontext()
     attention.CUDA_SDPA_BACKENDS = attention.cudnn_first()
     return sdpa_kernel(list(attention.CUDA_SDPA_BACKENDS), set_priority=True)
@@ -481,10 +487,11 @@ def main() -> None:
         "--backends",
         default="plain,megatron+export,torch",
         help="comma-separated variants: "
-        "backend[+cudnn][+packN][+masked][+unfused][+no-NAME][+autocast][+profile][+cprofile]"
+        "backend[+cudnn|+flash][+packN][+masked][+unfused][+no-NAME][+autocast][+profile][+cprofile]"
         "[+export]; "
         "backend plain is the baseline (a plain transformers + SDPA bf16 loop) (cudnn: "
-        "cuDNN attention first, which the trainers otherwise leave out; packN: N sequences per micro-batch; masked: the torch backend "
+        "cuDNN attention first for every length, where the trainers take it only from "
+        "vime.training.attention.CUDNN_FROM tokens on; flash: the trainers never take cuDNN; packN: N sequences per micro-batch; masked: the torch backend "
         "with transformers' block-masked sdpa instead of packed_sdpa; unfused: megatron without "
         "its SwiGLU, RoPE, weight-gradient accumulation, RMSNorm, optimizer and query/key "
         "norm + RoPE fusions, which are on by default on CUDA, and either backend without the output softmax kernels; "
@@ -556,7 +563,7 @@ def main() -> None:
             fused += "".join(f" --{o}-fusion" for o in off if o not in TRAINER_FUSIONS)
             cmd += [f"--megatron-args={args.megatron_args}{fused}"]
             cmd += [f"--trainer-off={','.join(sorted(set(trainer_off)))}"]
-            cmd += ["--sdpa=cudnn"] if "cudnn" in opts else []
+            cmd += [f"--sdpa={o}" for o in opts if o in ("cudnn", "flash")]
             cmd += ["--autocast"] if "autocast" in opts else []
             packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
             cmd += [f"--pack={packs[0]}"] if packs else []

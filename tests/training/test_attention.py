@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vime.training.attention import (
     CPU_FP32_ATTENTION_BELOW,
@@ -17,6 +18,7 @@ from vime.training.attention import (
     causal_sdpa,
     hf_packed_sdpa,
     packed_causal_sdpa,
+    padded_causal,
     register_hf_attention,
 )
 
@@ -201,17 +203,19 @@ def test_hf_packed_sdpa_refuses_what_it_cannot_do() -> None:
         hf_packed_sdpa(torch.nn.Module(), q, q, q, torch.ones(1, 1, 5, 5, dtype=torch.bool))
 
 
-def test_cuda_attention_keeps_off_cudnn_and_the_cpu_is_left_alone(monkeypatch) -> None:
-    """cuDNN builds a plan for every new sequence length (about 63 ms each way on an H100), and
-    an RL batch's lengths are new at every step: CUDA calls go to flash, then the others."""
+def test_sdpa_itself_picks_flash_on_cuda_and_the_cpu_is_left_alone(monkeypatch) -> None:
+    """cuDNN builds a plan for every new sequence length (86-150 ms on an H100), and an RL
+    batch's lengths are new at every step: SDPA picks flash, then the others; cuDNN comes last,
+    after the math kernel that takes anything, for the long sequences sent to it directly."""
     from types import SimpleNamespace
 
     from torch.nn.attention import SDPBackend
 
     from vime.training import attention
 
-    assert SDPBackend.CUDNN_ATTENTION not in attention.CUDA_SDPA_BACKENDS
-    assert attention.CUDA_SDPA_BACKENDS[0] == SDPBackend.FLASH_ATTENTION
+    order = attention.CUDA_SDPA_BACKENDS
+    assert order[0] == SDPBackend.FLASH_ATTENTION
+    assert order.index(SDPBackend.MATH) < order.index(SDPBackend.CUDNN_ATTENTION)
     entered = []
 
     def record(backends, set_priority=False):
@@ -237,7 +241,33 @@ def test_the_benches_cudnn_order_puts_cudnn_before_the_trainers_own(monkeypatch)
 
     from vime.training import attention
 
-    assert attention.cudnn_first() == (SDPBackend.CUDNN_ATTENTION, *attention.CUDA_SDPA_BACKENDS)
+    want = (
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    )
+    assert attention.cudnn_first() == want
     monkeypatch.setattr(attention, "CUDA_SDPA_BACKENDS", None)  # torch's choice: all of them
-    assert attention.cudnn_first()[0] == SDPBackend.CUDNN_ATTENTION
-    assert SDPBackend.FLASH_ATTENTION in attention.cudnn_first()
+    assert attention.cudnn_first() == want
+
+
+@pytest.mark.parametrize("length", [1, 255, 256, 257, 700])
+def test_padding_a_causal_sequence_to_a_bucket_changes_no_value_or_gradient(length) -> None:
+    """What the cuDNN path relies on, with float32 SDPA standing in for cuDNN: the padded keys
+    come after every real query, and the padded queries are cut off before the backward."""
+
+    def causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    gen = torch.Generator().manual_seed(length)
+    q, k, v, grad = (torch.randn(1, 3, length, 16, generator=gen) for _ in range(4))
+    results = []
+    for bucket in (1, 256):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = padded_causal(causal, *leaves, bucket)
+        assert out.shape == q.shape
+        (out * grad).sum().backward()
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

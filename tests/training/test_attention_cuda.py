@@ -48,14 +48,22 @@ def _packed(q, k, v, grad, bounds, parents):
     return [out.detach().float(), *(t.grad.float() for t in leaves)]
 
 
-@pytest.mark.parametrize("parents", [[-1, -1, -1], [-1, 0, 0, 0, -1]], ids=["packed", "shared"])
-def test_bf16_attention_is_as_close_to_fp32_as_torchs_own_choice(monkeypatch, parents):
-    sizes = [700, 1300, 96] if len(parents) == 3 else [256, 900, 1500, 37, 640]
+@pytest.mark.parametrize(
+    ("sizes", "parents"),
+    [
+        ([700, 1300, 96], [-1, -1, -1]),
+        ([256, 900, 1500, 37, 640], [-1, 0, 0, 0, -1]),
+        ([2100, 300, 4096], [-1, -1, -1]),  # cuDNN for the long ones, 2100 padded to 2304
+    ],
+    ids=["packed", "shared", "long"],
+)
+def test_bf16_attention_is_as_close_to_fp32_as_torchs_own_choice(monkeypatch, sizes, parents):
     bounds = [0, *itertools.accumulate(sizes)]
-    q, k, v, grad = _inputs(16, 8, bounds, seed=len(parents))
+    q, k, v, grad = _inputs(16, 8, bounds, seed=len(parents) + len(sizes))
     want = _whole(q, k, v, grad, bounds, parents)
     ours = _packed(q, k, v, grad, bounds, parents)
-    monkeypatch.setattr(attention, "CUDA_SDPA_BACKENDS", None)  # torch's kernel, heads repeated
+    monkeypatch.setattr(attention, "CUDA_SDPA_BACKENDS", None)  # torch's kernel, unpadded
+    monkeypatch.setattr(attention, "CUDNN_FROM", None)
     torchs = _packed(q, k, v, grad, bounds, parents)
     for name, got, base, ref in zip(("out", "dq", "dk", "dv"), ours, torchs, want, strict=True):
         err, base_err = (got - ref).abs().max().item(), (base - ref).abs().max().item()
@@ -77,3 +85,24 @@ def test_a_shared_prompt_reads_grouped_heads_through_flash(monkeypatch):
     q, k, v, _ = (t.to(torch.bfloat16) for t in _inputs(16, 8, bounds, seed=3))
     packed_causal_sdpa(q, k, v, bounds, parents=[-1, 0, 0])
     assert calls == [(16, 8), (16, 8)]  # the two continuations; the prompt itself is plain causal
+
+
+def test_long_sequences_go_to_cudnn_padded_to_a_bucket(monkeypatch):
+    calls = []
+    cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        calls.append((q.shape[1], k.shape[1], q.shape[2]))
+        return cudnn(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", spy)
+    bounds = [0, 2100, 2400, 6496]
+    q, k, v, _ = (t.to(torch.bfloat16).requires_grad_() for t in _inputs(16, 8, bounds, seed=4))
+    out = packed_causal_sdpa(q, k, v, bounds)
+    assert out.shape == q.shape
+    out.sum().backward()
+    assert calls == [(16, 8, 2304), (16, 8, 4096)]  # 300 tokens: flash, not cuDNN
+    calls.clear()
+    monkeypatch.setattr(attention, "CUDNN_FROM", None)
+    packed_causal_sdpa(q, k, v, bounds)
+    assert calls == []

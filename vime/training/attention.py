@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,28 +25,35 @@ from torch.nn.attention.bias import causal_lower_right
 
 HF_PACKED_SDPA = "packed_sdpa"
 
-# The SDPA kernels the trainer's attention may use on CUDA, in order of preference; None leaves
-# the choice to torch. cuDNN, torch's first choice on Hopper, is left out: it builds a plan for
-# each new sequence length, and an RL batch's lengths are new at every step. On an H100, packed
-# attention over 8 sequences of fresh lengths took 1,013 ms forward + backward through cuDNN and
-# 5.4 ms through flash (16/8 heads of 128, 16,384 tokens), and GRPO-shaped steps of a 0.6B model
-# ran 5.7x faster without it. Where every step repeats one length, cuDNN's kernel is the faster
-# (bench/train_mfu.py's fixed 4,096-token rows: 1.04x Megatron, 1.18x torch; its +cudnn rows).
-CUDA_SDPA_BACKENDS: tuple[SDPBackend, ...] | None = (
+# SDPA's CUDA kernels in the trainers' order of preference. cuDNN, torch's first choice on
+# Hopper, builds a plan for each new sequence length (86-150 ms on an H100), and an RL batch's
+# lengths are new at every step: packed attention over 8 sequences of fresh lengths took 1,013
+# ms forward + backward through cuDNN and 5.4 ms through flash (16/8 heads of 128, 16,384
+# tokens). So SDPA itself picks flash; cuDNN stays enabled, last, where SDPA never reaches it
+# (the math kernel before it takes anything), for the long sequences that :data:`CUDNN_FROM`
+# sends to it directly.
+FLASH_FIRST: tuple[SDPBackend, ...] = (
     SDPBackend.FLASH_ATTENTION,
     SDPBackend.EFFICIENT_ATTENTION,
     SDPBackend.MATH,
+    SDPBackend.CUDNN_ATTENTION,
 )
+# The order in force (the benches swap it); None leaves the choice to torch.
+CUDA_SDPA_BACKENDS: tuple[SDPBackend, ...] | None = FLASH_FIRST
+
+# Sequences of at least this many tokens attend through cuDNN on CUDA, padded at the end to a
+# multiple of CUDNN_BUCKET tokens, so that a run plans one shape per bucket rather than one per
+# length. Causal queries never see the keys after them, so the padding changes no real token's
+# output or gradient. Once planned, cuDNN's kernel is 1.3-1.9x flash's from 2,048 tokens on
+# (H100s, bench/sdpa_kernels.py); below, the two trade places between hosts. None: flash only.
+CUDNN_FROM: int | None = 2048
+CUDNN_BUCKET = 256
 
 
 def cudnn_first() -> tuple[SDPBackend, ...]:
     """:data:`CUDA_SDPA_BACKENDS` with cuDNN in front (torch's own first choice on Hopper): the
     order the benches' ``cudnn`` rows measure the default against."""
-    rest = CUDA_SDPA_BACKENDS or (
-        SDPBackend.FLASH_ATTENTION,
-        SDPBackend.EFFICIENT_ATTENTION,
-        SDPBackend.MATH,
-    )
+    rest = CUDA_SDPA_BACKENDS or FLASH_FIRST
     return (SDPBackend.CUDNN_ATTENTION, *(b for b in rest if b != SDPBackend.CUDNN_ATTENTION))
 
 
@@ -93,6 +100,8 @@ def _sdpa(
     half precision is computed in fp32 (:data:`CPU_FP32_ATTENTION_BELOW`) and returned in that
     half-precision dtype, as SDPA would have returned it."""
     mask = None
+    if not prefix and (out := _cudnn_bucketed(q, k, v, dropout, scale, gqa)) is not None:
+        return out
     if prefix:
         if _flash_takes(q, k, v, dropout, gqa):
             # Flash's causal mask is aligned to the bottom right when there are more keys than
@@ -147,6 +156,51 @@ def _flash_takes(
     # alignment differs from flash's; the mask here is flash's own (bottom right).
     params = torch.backends.cuda.SDPAParams(q, k, v, None, dropout, False, gqa)
     return torch.backends.cuda.can_use_flash_attention(params, False)
+
+
+def _cudnn_bucketed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout: float,
+    scale: float | None,
+    gqa: bool,
+) -> torch.Tensor | None:
+    """Causal cuDNN attention of a ``[b, h, s, d]`` CUDA sequence of :data:`CUDNN_FROM` tokens
+    or more, padded to a multiple of :data:`CUDNN_BUCKET`; None where that does not apply (short,
+    on the CPU, or cuDNN refused by SDPA's own checks or by :data:`CUDA_SDPA_BACKENDS`)."""
+    length = q.shape[2]
+    if CUDNN_FROM is None or length < CUDNN_FROM or not q.is_cuda:
+        return None
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, dropout, True, gqa)
+    if not torch.backends.cuda.can_use_cudnn_attention(params, False):
+        return None
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+    def cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, grad, dropout, True, False, scale=scale
+        )[0]
+
+    return padded_causal(cudnn, q, k, v, CUDNN_BUCKET)
+
+
+def padded_causal(
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bucket: int,
+) -> torch.Tensor:
+    """``attend`` (causal attention of ``[b, h, s, d]`` tensors) run on ``q``, ``k``, ``v``
+    zero-padded at the end to a multiple of ``bucket`` tokens, cut back to their length: the
+    same values and gradients, since no real query sees a padded key and the padded queries'
+    outputs, cut off, pass back no gradient."""
+    length = q.shape[2]
+    pad = -length % bucket
+    if not pad:
+        return attend(q, k, v)
+    return attend(*(F.pad(t, (0, 0, 0, pad)) for t in (q, k, v)))[:, :, :length]
 
 
 @contextlib.contextmanager
