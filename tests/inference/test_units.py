@@ -253,6 +253,39 @@ def test_a_folder_written_again_is_rewritten_in_place_or_replaced(tmp_path: Path
     assert not (tmp_path / "slot").exists()
 
 
+def test_a_rewritten_file_stays_mapped_until_it_changes_or_its_folder_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import load_file
+
+    from vime.inference import weight_files
+    from vime.inference.weights import remove_weights
+
+    maps = []
+    real = weight_files.mmap.mmap
+    monkeypatch.setattr(weight_files.mmap, "mmap", lambda *a: maps.append(a) or real(*a))
+
+    def write(value: float) -> torch.Tensor:
+        folder = write_weights([[("w", torch.full((3, 4), value))]], tmp_path / "slot")
+        return load_file(str(folder / "bucket-00000.safetensors"))["w"]
+
+    assert torch.equal(write(1.0), torch.full((3, 4), 1.0))  # new: written, then unmapped
+    assert torch.equal(write(2.0), torch.full((3, 4), 2.0))  # in place: mapped and kept
+    assert len(maps) == 2 and len(weight_files._MAPPED) == 1
+    for value in (3.0, 4.0):
+        assert torch.equal(write(value), torch.full((3, 4), value))
+    assert len(maps) == 2  # the kept map took both rewrites
+    # Someone else replaced the file (a new inode): it is mapped anew, not written blind.
+    path = tmp_path / "slot" / "bucket-00000.safetensors"
+    data = path.read_bytes()
+    path.unlink()
+    path.write_bytes(data)
+    assert torch.equal(write(5.0), torch.full((3, 4), 5.0))
+    assert len(maps) == 3
+    remove_weights(tmp_path / "slot")
+    assert weight_files._MAPPED == {} and not (tmp_path / "slot").exists()
+
+
 def test_weights_written_in_the_engines_dtype_equal_the_engines_own_cast(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

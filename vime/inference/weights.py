@@ -81,7 +81,7 @@ def write_weights(
     """
     import torch
 
-    from vime.inference.weight_files import write_tensors
+    from vime.inference.weight_files import release, write_tensors
 
     cast = getattr(torch, dtype) if dtype else None
     target = Path(folder) if folder is not None else weights_root() / uuid.uuid4().hex
@@ -109,13 +109,18 @@ def write_weights(
         if not in_place:
             out.rename(target)
     except BaseException:
+        release(out)
         shutil.rmtree(out, ignore_errors=True)
         raise
     return target
 
 
 def remove_weights(folder: str | Path) -> None:
-    """Delete a folder written by :func:`write_weights`."""
+    """Delete a folder written by :func:`write_weights` (unmapping the files this process
+    keeps mapped there for their next rewrite)."""
+    from vime.inference.weight_files import release
+
+    release(Path(folder))
     shutil.rmtree(folder, ignore_errors=True)
 
 
