@@ -86,7 +86,7 @@ def _ident(path: Path) -> tuple[int, int, int] | None:
 def release(folder: Path) -> None:
     """Unmap the files under ``folder`` kept mapped by :func:`write_tensors` (before the folder
     is deleted: a mapped file's memory stays allocated until it is unmapped)."""
-    prefix = str(folder).rstrip(os.sep) + os.sep
+    prefix = os.path.abspath(folder) + os.sep
     for key in [k for k in _MAPPED if k.startswith(prefix)]:
         _MAPPED.pop(key).close()
 
@@ -108,7 +108,7 @@ def write_tensors(
     ordered = [tensors[i][1] for i in order]
     header = _header(layout)
     size = len(header) + sum(_nbytes(s, d) for _, d, s in layout)
-    key = str(path)
+    key = os.path.abspath(path)
     kept = _MAPPED.get(key)
     if kept is not None and kept.header == header and kept.ident == _ident(path):
         kept.mapped[: len(header)] = header  # a few KiB, should anyone have touched the file
