@@ -68,6 +68,9 @@ def check_variants(backends: str) -> list[str]:
     variants = [v for v in backends.split(",") if v]
     for variant in variants or [""]:
         backend, *opts = variant.split("+")
+        if {"cudnn", "flash"} <= set(opts):
+            raise SystemExit(f"--backends: {variant!r}: cudnn and flash are two attention "
+                             "choices; pick one")  # fmt: skip
         if backend not in BACKENDS:
             raise SystemExit(f"--backends: {variant!r} names backend {backend!r}; known: "
                              f"{', '.join(BACKENDS)}")  # fmt: skip

@@ -31,6 +31,7 @@ def test_known_variants_pass(train_mfu):
         ("megatron+autocast", r"autocast is a torch backend option"),
         ("torch+no-qk-norm-rope", r"the torch backend's no-NAME options are no-output-softmax"),
         ("torch+pack0", r"unknown option 'pack0'"),
+        ("megatron+flash+cudnn", r"cudnn and flash are two attention choices; pick one"),
         ("", r"names backend ''"),
     ],
 )
