@@ -48,11 +48,10 @@ async def _run_batch(base_url: str, model: str, args: argparse.Namespace) -> dic
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-def _memcpy_gbps(model_dir: Path, repeats: int = 3) -> tuple[int, float]:
+def _memcpy_gbps(tensors: dict, repeats: int = 3) -> tuple[int, float]:
+    """Bytes of ``tensors`` and the best GB/s of copying them into fresh tensors with torch."""
     import torch
-    from safetensors.torch import load_file
 
-    tensors = load_file(str(model_dir / "model.safetensors"))
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     dst = {k: torch.empty_like(t) for k, t in tensors.items()}
     best = float("inf")
@@ -64,23 +63,21 @@ def _memcpy_gbps(model_dir: Path, repeats: int = 3) -> tuple[int, float]:
     return nbytes, nbytes / best / 1e9
 
 
-def _prepack_gbps(model_dir: Path, repeats: int = 3) -> float | None:
-    """GB/s of vLLM's CPU oneDNN weight prepack over the model's 2-D weights, or None.
+def _prepack_gbps(tensors: dict, repeats: int = 3) -> float | None:
+    """GB/s of vLLM's CPU oneDNN weight prepack over the 2-D ``tensors``, or None.
 
     A CPU engine's linear layers keep only this packed copy, so every update re-packs them:
     the floor under the engine's load, whatever the trainer side does. Each handle is dropped
     before its replacement is made, as a reload frees the old one, so the allocator can
     reuse its memory; the first pass (fresh memory) is not counted.
     """
-    from safetensors.torch import load_file
-
     try:
         import vllm._custom_ops as ops
     except ImportError:
         return None
     if not getattr(ops, "_supports_onednn", False):
         return None
-    weights = [t for t in load_file(str(model_dir / "model.safetensors")).values() if t.ndim == 2]
+    weights = [t for t in tensors.values() if t.ndim == 2]
     nbytes = sum(t.numel() * t.element_size() for t in weights)
     handles: list[object] = [ops.create_onednn_mm(t.t(), 32) for t in weights]
     best = float("inf")
@@ -150,8 +147,8 @@ def main() -> None:
                 reports.append(service.update_weights(folder))
         finally:
             remove_weights(folder)
-    nbytes, memcpy = _memcpy_gbps(model_dir)
-    prepack = _prepack_gbps(model_dir)
+    nbytes, memcpy = _memcpy_gbps(weights)
+    prepack = _prepack_gbps(weights)
     best = min(reports, key=lambda r: r.total_s)
     results["weight_update"] = {
         "bytes": best.bytes_loaded,
