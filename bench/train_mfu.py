@@ -52,6 +52,8 @@ TRAINER_FUSIONS = {
     "no-hf-rope": "hf_rope_fusion",
     "no-hf-optimizer": "hf_optimizer_fusion",
 }
+# Every trainer option a no-NAME variant turns off (``unfused`` turns off the fusions only).
+TRAINER_OFF = {"no-share-prompts": "share_prompts", **TRAINER_FUSIONS}
 
 
 BACKENDS = ("plain", "megatron", "torch")
@@ -78,8 +80,8 @@ def check_variants(backends: str) -> list[str]:
             packed = opt.startswith("pack") and opt[4:].isdigit() and int(opt[4:]) > 0
             if opt in ("autocast", "masked") and backend != "torch":
                 raise SystemExit(f"--backends: {variant!r}: {opt} is a torch backend option")
-            if opt.startswith("no-") and backend == "torch" and opt not in TRAINER_FUSIONS:
-                known = ", ".join(TRAINER_FUSIONS)
+            if opt.startswith("no-") and backend == "torch" and opt not in TRAINER_OFF:
+                known = ", ".join(TRAINER_OFF)
                 raise SystemExit(f"--backends: {variant!r}: the torch backend's no-NAME options "
                                  f"are {known}")  # fmt: skip
             if opt in OPTIONS or packed or (opt.startswith("no-") and len(opt) > 3):
@@ -482,6 +484,33 @@ def host_profile(trainer: Any, batch: Any, steps: int = 3) -> None:
     stats.sort_stats("cumulative").print_stats(45)
 
 
+def child_command(args: argparse.Namespace, model: str, variant: str) -> list[str]:
+    """The command line of the child process that measures ``variant`` of ``model``."""
+    backend, *opts = variant.split("+")
+    cmd = [sys.executable, __file__, "--child", "--model", model, "--backend", backend]
+    cmd += [f"--variant={variant}"]
+    for flag in ("seq_len", "samples", "warmup", "steps"):
+        cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
+    fused = UNFUSED if "unfused" in opts else ""
+    # Trainer options (both backends) go to the config; the other no-NAMEs are Megatron
+    # flags (--no-NAME-fusion).
+    off = [o for o in opts if o.startswith("no-")]
+    trainer_off = [TRAINER_OFF[o] for o in off if o in TRAINER_OFF]
+    trainer_off += list(TRAINER_FUSIONS.values()) if "unfused" in opts else []
+    fused += "".join(f" --{o}-fusion" for o in off if o not in TRAINER_OFF)
+    cmd += [f"--megatron-args={args.megatron_args}{fused}"]
+    cmd += [f"--trainer-off={','.join(sorted(set(trainer_off)))}"]
+    cmd += [f"--sdpa={o}" for o in opts if o in ("cudnn", "flash")]
+    cmd += ["--autocast"] if "autocast" in opts else []
+    packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
+    cmd += [f"--pack={packs[0]}"] if packs else []
+    cmd += ["--attn=sdpa"] if "masked" in opts else []
+    cmd += ["--profile"] if "profile" in opts else []
+    cmd += ["--cprofile"] if "cprofile" in opts else []
+    cmd += ["--export"] if "export" in opts else []
+    return cmd
+
+
 def main() -> None:
     """Parse flags; as parent, run every (model, backend) child and print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -501,7 +530,8 @@ def main() -> None:
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
         "no-qk-norm-rope, "
         "no-output-softmax, no-hf-rms-norm, no-hf-swiglu, no-hf-rope and no-hf-optimizer for the "
-        "torch backend); "
+        "torch backend; no-share-prompts: the torch backend packs every sample whole, "
+        "--no-share-prompts); "
         "autocast: the torch backend with --no-bf16-weight-copy (its default on a GPU is the "
         "bf16 weight copy); export: time export_weights; "
         "profile: print a kernel profile of one step and the GPU's idle gaps; cprofile: print where the host's time goes over three steps)",
@@ -552,35 +582,14 @@ def main() -> None:
     rows = reference_rows(args.reference, args.models.split(","), rate) if args.reference else []
     for model in args.models.split(","):
         for variant in variants:
-            backend, *opts = variant.split("+")
-            cmd = [sys.executable, __file__, "--child", "--model", model, "--backend", backend]
-            cmd += [f"--variant={variant}"]
-            for flag in ("seq_len", "samples", "warmup", "steps"):
-                cmd += [f"--{flag.replace('_', '-')}={getattr(args, flag)}"]
-            fused = UNFUSED if "unfused" in opts else ""
-            # Trainer options (both backends) go to the config; the other no-NAMEs are Megatron
-            # flags (--no-NAME-fusion).
-            off = [o for o in opts if o.startswith("no-")]
-            trainer_off = [TRAINER_FUSIONS[o] for o in off if o in TRAINER_FUSIONS]
-            trainer_off += list(TRAINER_FUSIONS.values()) if "unfused" in opts else []
-            fused += "".join(f" --{o}-fusion" for o in off if o not in TRAINER_FUSIONS)
-            cmd += [f"--megatron-args={args.megatron_args}{fused}"]
-            cmd += [f"--trainer-off={','.join(sorted(set(trainer_off)))}"]
-            cmd += [f"--sdpa={o}" for o in opts if o in ("cudnn", "flash")]
-            cmd += ["--autocast"] if "autocast" in opts else []
-            packs = [o.removeprefix("pack") for o in opts if o.startswith("pack")]
-            cmd += [f"--pack={packs[0]}"] if packs else []
-            cmd += ["--attn=sdpa"] if "masked" in opts else []
-            cmd += ["--profile"] if "profile" in opts else []
-            cmd += ["--cprofile"] if "cprofile" in opts else []
-            cmd += ["--export"] if "export" in opts else []
+            cmd = child_command(args, model, variant)
             started = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
             found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             print("\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith("RESULT")))
             if proc.returncode or not found:
                 row = {"model": model, "backend": variant, "error": proc.stderr[-3000:]}
-                print(f"{model} {backend} FAILED:\n{proc.stderr[-3000:]}", flush=True)
+                print(f"{model} {variant} FAILED:\n{proc.stderr[-3000:]}", flush=True)
             else:
                 row = with_mfu(json.loads(found[-1][len("RESULT ") :]), rate)
                 print(f"{model} {variant}: {json.dumps(row)}", flush=True)

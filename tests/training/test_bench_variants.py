@@ -13,7 +13,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 def test_known_variants_pass(train_mfu):
     backends = (
-        "plain,megatron+export,megatron+no-qk-norm-rope,torch+autocast+pack4,torch+no-hf-rope"
+        "plain,megatron+export,megatron+no-qk-norm-rope,torch+autocast+pack4,torch+no-hf-rope,"
+        "torch+no-share-prompts"
     )
     assert train_mfu.check_variants(backends) == backends.split(",")
 
@@ -29,7 +30,10 @@ def test_known_variants_pass(train_mfu):
         ("torch+profle", r"unknown option 'profle' \(see --help"),
         ("trch", r"names backend 'trch'; known: plain, megatron, torch"),
         ("megatron+autocast", r"autocast is a torch backend option"),
-        ("torch+no-qk-norm-rope", r"the torch backend's no-NAME options are no-output-softmax"),
+        (
+            "torch+no-qk-norm-rope",
+            r"the torch backend's no-NAME options are no-share-prompts, no-output-softmax",
+        ),
         ("torch+pack0", r"unknown option 'pack0'"),
         ("megatron+flash+cudnn", r"cudnn and flash are two attention choices; pick one"),
         ("", r"names backend ''"),
@@ -50,3 +54,23 @@ def test_a_refused_variant_stops_the_run_before_the_gpu_is_touched(tmp_path):
     assert proc.returncode == 1
     assert "unknown option 'weight-copy'" in proc.stderr
     assert "matmul" not in proc.stdout
+
+
+def _child(train_mfu, variant: str) -> dict[str, str]:
+    import argparse
+
+    args = argparse.Namespace(seq_len=4096, samples=2, warmup=2, steps=4, megatron_args="")
+    cmd = train_mfu.child_command(args, "qwen3-4b", variant)
+    return dict(a[2:].split("=", 1) for a in cmd if a.startswith("--") and "=" in a)
+
+
+def test_variant_options_reach_the_child_as_trainer_and_megatron_flags(train_mfu):
+    assert _child(train_mfu, "torch+no-share-prompts")["trainer-off"] == "share_prompts"
+    assert _child(train_mfu, "torch")["trainer-off"] == ""
+    # unfused turns off the fusions, never the packing
+    unfused = _child(train_mfu, "torch+unfused")["trainer-off"].split(",")
+    assert unfused == sorted(train_mfu.TRAINER_FUSIONS.values())
+    assert "share_prompts" not in unfused
+    megatron = _child(train_mfu, "megatron+no-rms-norm+flash")
+    assert megatron["megatron-args"] == " --no-rms-norm-fusion"
+    assert megatron["trainer-off"] == "" and megatron["sdpa"] == "flash"
