@@ -56,14 +56,32 @@ QWEN3_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+def shape_fields(name: str) -> dict[str, Any]:
+    """The fields of shape ``name``: a key of :data:`QWEN3_SHAPES`, or ``KEY@LAYERS``, that
+    shape with its first ``LAYERS`` layers only (``qwen3-4b@24``: the 4B model's layers, few
+    enough for an 80 GB card's trainers)."""
+    base, _, layers = name.partition("@")
+    if base not in QWEN3_SHAPES:
+        raise ValueError(f"unknown shape {name!r}; choose one of {sorted(QWEN3_SHAPES)}, "
+                         "optionally as NAME@LAYERS")  # fmt: skip
+    fields = dict(QWEN3_SHAPES[base])
+    if layers:
+        full = fields["num_hidden_layers"]
+        if not layers.isdigit() or not 1 <= int(layers) <= full:
+            raise ValueError(f"shape {name!r}: the layers after '@' must be a whole number "
+                             f"from 1 to {base}'s {full}")  # fmt: skip
+        fields["num_hidden_layers"] = int(layers)
+    return fields
+
+
 def qwen3_config(name: str) -> Any:
     """A transformers ``Qwen3Config`` shaped like the released model ``name`` (tied embeddings),
-    or a ``Qwen3MoeConfig`` for the ``qwen3-moe-*`` shapes (untied)."""
+    or a ``Qwen3MoeConfig`` for the ``qwen3-moe-*`` shapes (untied); ``NAME@LAYERS`` keeps
+    that many of its layers (:func:`shape_fields`)."""
     from transformers import Qwen3Config, Qwen3MoeConfig
 
-    if name not in QWEN3_SHAPES:
-        raise ValueError(f"unknown shape {name!r}; choose one of {sorted(QWEN3_SHAPES)}")
-    moe = "num_experts" in QWEN3_SHAPES[name]
+    shape = shape_fields(name)
+    moe = "num_experts" in shape
     fields: dict[str, Any] = {
         "vocab_size": 151936,
         "num_key_value_heads": 8,
@@ -72,7 +90,7 @@ def qwen3_config(name: str) -> Any:
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": not moe,
-        **QWEN3_SHAPES[name],
+        **shape,
     }
     if moe:
         fields["num_key_value_heads"] = min(

@@ -91,6 +91,20 @@ def check_variants(backends: str) -> list[str]:
     return variants
 
 
+def check_models(models: str) -> list[str]:
+    """The comma-separated shapes of ``--models``; an unknown one is refused before anything
+    is measured."""
+    from qwen3_shapes import shape_fields
+
+    names = [m for m in models.split(",") if m]
+    for name in names or [""]:
+        try:
+            shape_fields(name)
+        except ValueError as err:
+            raise SystemExit(f"--models: {err}") from None
+    return names
+
+
 def matmul_tflops(n: int = 8192, iters: int = 10) -> float:
     """Dense bf16 ``n x n x n`` matmul rate on random data (mean of ``iters`` after warm-up)."""
     import torch
@@ -514,7 +528,12 @@ def child_command(args: argparse.Namespace, model: str, variant: str) -> list[st
 def main() -> None:
     """Parse flags; as parent, run every (model, backend) child and print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="qwen3-1.7b,qwen3-4b")
+    p.add_argument(
+        "--models",
+        default="qwen3-1.7b,qwen3-4b",
+        help="comma-separated shapes of bench/qwen3_shapes.py; NAME@LAYERS keeps that many of "
+        "its layers (qwen3-4b@24 fits the 4B layers' trainers on an 80 GB card)",
+    )
     p.add_argument(
         "--backends",
         default="plain,megatron+export,torch",
@@ -577,6 +596,7 @@ def main() -> None:
             f"use --seq-len {REFERENCE_SEQ_LEN} --samples {REFERENCE_SAMPLES})"
         )
     variants = check_variants(args.backends)
+    check_models(args.models)
     rate = matmul_tflops()
     print(f"bf16 matmul 8192^3: {rate:.0f} TFLOP/s (reference 790)", flush=True)
     rows = reference_rows(args.reference, args.models.split(","), rate) if args.reference else []

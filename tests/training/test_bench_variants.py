@@ -74,3 +74,22 @@ def test_variant_options_reach_the_child_as_trainer_and_megatron_flags(train_mfu
     megatron = _child(train_mfu, "megatron+no-rms-norm+flash")
     assert megatron["megatron-args"] == " --no-rms-norm-fusion"
     assert megatron["trainer-off"] == "" and megatron["sdpa"] == "flash"
+
+
+def test_models_take_a_layer_count_and_refuse_unknown_shapes(train_mfu):
+    sys.path.insert(0, str(BENCH))
+    from qwen3_shapes import qwen3_config
+
+    assert train_mfu.check_models("qwen3-1.7b,qwen3-4b@24") == ["qwen3-1.7b", "qwen3-4b@24"]
+    cut, full = qwen3_config("qwen3-4b@24"), qwen3_config("qwen3-4b")
+    assert cut.num_hidden_layers == 24 and full.num_hidden_layers == 36
+    assert cut.hidden_size == full.hidden_size == 2560  # every other field is the 4B model's
+    assert cut.intermediate_size == full.intermediate_size and cut.tie_word_embeddings
+    for bad, message in [
+        ("qwen3-5b", r"unknown shape 'qwen3-5b'; choose one of"),
+        ("qwen3-4b@0", r"from 1 to qwen3-4b's 36"),
+        ("qwen3-4b@37", r"from 1 to qwen3-4b's 36"),
+        ("qwen3-4b@x", r"must be a whole number"),
+    ]:
+        with pytest.raises(SystemExit, match=message):
+            train_mfu.check_models(bad)
