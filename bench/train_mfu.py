@@ -51,6 +51,7 @@ TRAINER_FUSIONS = {
     "no-hf-swiglu": "hf_swiglu_fusion",
     "no-hf-rope": "hf_rope_fusion",
     "no-hf-optimizer": "hf_optimizer_fusion",
+    "no-hf-gradient-accumulation": "hf_gradient_accumulation_fusion",
 }
 # Every trainer option a no-NAME variant turns off (``unfused`` turns off the fusions only).
 TRAINER_OFF = {"no-share-prompts": "share_prompts", **TRAINER_FUSIONS}
@@ -548,8 +549,8 @@ def main() -> None:
         "norm + RoPE fusions, which are on by default on CUDA, and either backend without the output softmax kernels; "
         "no-NAME: without one of them (--no-NAME-fusion, e.g. no-rms-norm, no-optimizer, "
         "no-qk-norm-rope, "
-        "no-output-softmax, no-hf-rms-norm, no-hf-swiglu, no-hf-rope and no-hf-optimizer for the "
-        "torch backend; no-share-prompts: the torch backend packs every sample whole, "
+        "no-output-softmax, no-hf-rms-norm, no-hf-swiglu, no-hf-rope, no-hf-optimizer and "
+        "no-hf-gradient-accumulation for the torch backend; no-share-prompts: the torch backend packs every sample whole, "
         "--no-share-prompts); "
         "autocast: the torch backend with --no-bf16-weight-copy (its default on a GPU is the "
         "bf16 weight copy); export: time export_weights; "

@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def test_known_variants_pass(train_mfu):
     backends = (
         "plain,megatron+export,megatron+no-qk-norm-rope,torch+autocast+pack4,torch+no-hf-rope,"
-        "torch+no-share-prompts"
+        "torch+no-share-prompts,torch+no-hf-gradient-accumulation"
     )
     assert train_mfu.check_variants(backends) == backends.split(",")
 
@@ -67,6 +67,8 @@ def _child(train_mfu, variant: str) -> dict[str, str]:
 def test_variant_options_reach_the_child_as_trainer_and_megatron_flags(train_mfu):
     assert _child(train_mfu, "torch+no-share-prompts")["trainer-off"] == "share_prompts"
     assert _child(train_mfu, "torch")["trainer-off"] == ""
+    off = _child(train_mfu, "torch+no-hf-gradient-accumulation")["trainer-off"]
+    assert off == "hf_gradient_accumulation_fusion"
     # unfused turns off the fusions, never the packing
     unfused = _child(train_mfu, "torch+unfused")["trainer-off"].split(",")
     assert unfused == sorted(train_mfu.TRAINER_FUSIONS.values())

@@ -268,3 +268,123 @@ def test_lora_wrapped_gate_and_up_projections_are_not_fused(tiny_llama):
     assert sorted(grads) == sorted(ref_grads) and grads
     for name in grads:
         assert torch.equal(grads[name], ref_grads[name]), name
+
+
+def _count_wgrad_gemms(monkeypatch) -> list[tuple[int, int]]:
+    """The shapes of the weight gradients the copy's linears add straight into masters."""
+    from vime.training import weight_copy
+
+    calls: list[tuple[int, int]] = []
+    accum, first = weight_copy.wgrad_gemm_accum_fp32, weight_copy.wgrad_gemm_fp32
+
+    def counted_accum(total_input, grad_output, main_grad):
+        assert main_grad.dtype == torch.float32
+        calls.append(tuple(main_grad.shape))
+        accum(total_input, grad_output, main_grad)
+
+    def counted_first(total_input, grad_output):
+        out = first(total_input, grad_output)
+        assert out.dtype == torch.float32
+        calls.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(weight_copy, "wgrad_gemm_accum_fp32", counted_accum)
+    monkeypatch.setattr(weight_copy, "wgrad_gemm_fp32", counted_first)
+    return calls
+
+
+def test_linear_weight_gradients_go_straight_into_the_float32_masters(untied_qwen3, monkeypatch):
+    """--hf-gradient-accumulation-fusion (on): every linear but the output layer adds its
+    weight gradient into the master's .grad in its backward GEMM (the gate and up projections
+    as the two halves of their stacked copy); the step's gradients are those of the hook path
+    (--no-hf-gradient-accumulation-fusion) bit for bit on the CPU, which forms the product in
+    bf16 either way."""
+    batch = make_batch(11, num_samples=6, vocab_size=384)
+    calls = _count_wgrad_gemms(monkeypatch)
+    runs = {}
+    for fused in (True, False):
+        calls.clear()
+        trainer = with_copy(untied_qwen3, max_tokens_per_micro_batch=64,
+                            hf_gradient_accumulation_fusion=fused)  # fmt: skip
+        metrics, grads = gradients_of_step(trainer, batch)
+        runs[fused] = (metrics, grads)
+        cfg = trainer.model.config
+        layers, micro = cfg.num_hidden_layers, int(metrics["num_micro_batches"])
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        per_layer = sorted([(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)])
+        assert micro > 1
+        assert sorted(calls) == (sorted(per_layer * layers * micro) if fused else [])
+        for m in trainer.model.modules():  # the class's forward again outside the step
+            assert "forward" not in vars(m) or type(m) is not torch.nn.Linear
+    (m1, g1), (m0, g0) = runs[True], runs[False]
+    assert m1["loss"] == m0["loss"] and sorted(g1) == sorted(g0)
+    for name, grad in g0.items():
+        assert g1[name].dtype == torch.float32
+        assert torch.equal(g1[name], grad), name
+
+
+def test_straight_accumulation_equals_the_hook_path_in_float32(untied_qwen3):
+    """A float32 copy: two micro-batches' gradients summed by the GEMM into the masters equal
+    the copy's gradients added by the hook, up to the order of float32 sums."""
+    from vime.training.weight_copy import WeightCopy
+
+    model = TorchTrainer(config(untied_qwen3)).model
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m is not head]
+    ids = [
+        torch.randint(0, 384, (1, 20), generator=torch.Generator().manual_seed(s)) for s in (1, 2)
+    ]
+    runs = []
+    for accumulate in (linears, []):
+        model.zero_grad(set_to_none=True)
+        copy = WeightCopy(model, torch.float32, accumulate_linears=accumulate)
+        with copy.active():
+            for x in ids:
+                model(input_ids=x, labels=x).loss.backward()
+        runs.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    fused, hooked = runs
+    assert sorted(fused) == sorted(hooked)
+    for name, grad in hooked.items():
+        scale = float(grad.abs().max())
+        assert float((fused[name] - grad).abs().max()) <= 1e-6 * scale, name
+
+
+def test_the_accumulation_flag_reaches_the_copy_from_vime_train(untied_qwen3, tmp_path):
+    from vime.cli.main import parse_args
+    from vime.cli.train_cmd import build_setup
+
+    argv = ["train", "--model", str(untied_qwen3), "--env", "vime/Math-v0", "--output-dir",
+            str(tmp_path), "--dtype", "bfloat16", "--bf16-weight-copy"]  # fmt: skip
+    for extra, count in (([], 7), (["--no-hf-gradient-accumulation-fusion"], 0)):
+        setup = build_setup(parse_args([*argv, *extra]))
+        assert setup.trainer.hf_gradient_accumulation_fusion is (count > 0)
+        trainer = TorchTrainer(setup.trainer, setup.loss)
+        layers = trainer.model.config.num_hidden_layers
+        assert len(trainer.weight_copy._forwards) == count * layers
+        assert len(trainer.weight_copy._gate_up_masters) == (layers if count else 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA's mixed-precision GEMM")
+def test_on_cuda_the_gradient_is_summed_in_float32_without_a_bf16_rounding():
+    """Two micro-batches through linear_into_masters: the master's gradient is the float32 sum
+    of float32 products of the bf16 operands (not of bf16-rounded products), and the input's
+    gradient is F.linear's."""
+    from vime.training.weight_copy import linear_into_masters
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    master = torch.nn.Parameter(torch.randn(96, 64, device="cuda", generator=g))
+    weight = master.detach().bfloat16().requires_grad_()
+    xs = [torch.randn(2, 40, 64, device="cuda", generator=g).bfloat16() for _ in range(2)]
+    dys = [torch.randn(2, 40, 96, device="cuda", generator=g).bfloat16() for _ in range(2)]
+    for x, dy in zip(xs, dys, strict=True):
+        x = x.requires_grad_()
+        linear_into_masters(x, weight, None, [master]).backward(dy)
+        assert torch.equal(x.grad, dy @ weight.detach())
+    assert weight.grad is None and master.grad.dtype == torch.float32
+    pairs = [(x.reshape(-1, 64), dy.reshape(-1, 96)) for x, dy in zip(xs, dys, strict=True)]
+    exact = sum(dy.double().t() @ x.double() for x, dy in pairs)
+    rounded = sum((dy.t() @ x).float() for x, dy in pairs)  # the hook path's bf16 products
+    err = float((master.grad.double() - exact).abs().max())
+    assert err <= 1e-5 * float(exact.abs().max())
+    assert err < float((rounded.double() - exact).abs().max())

@@ -112,6 +112,14 @@ class TrainerConfig:
         "torch's clip_grad_norm_, steps torch's fused AdamW and refreshes the copy apart (same "
         "math, the same optimizer states)",
     )
+    hf_gradient_accumulation_fusion: bool = option(
+        True,
+        help="torch backend, bf16 weight copy: each linear's weight gradient (the output "
+        "layer's aside) is one GEMM adding into its float32 master's gradient, as the megatron "
+        "backend's --gradient-accumulation-fusion does; --no-hf-gradient-accumulation-fusion "
+        "writes a bf16 gradient that a hook adds into the master (the same sum, with the "
+        "gradient rounded to bf16 first where the GEMM accumulates in float32: CUDA)",
+    )
     output_softmax_fusion: bool = option(
         True,
         help="the output layer's softmax, sampled-token logprob and entropy as Triton kernels "

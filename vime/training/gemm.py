@@ -25,3 +25,13 @@ def wgrad_gemm_accum_fp32(
         torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
     else:  # no mixed-precision GEMM on this device: product in the input dtype, then the add
         main_grad.add_(grad_output.t() @ total_input)
+
+
+def wgrad_gemm_fp32(total_input: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """A new fp32 ``grad_outputᵀ · total_input``: the first term of a sum that
+    :func:`wgrad_gemm_accum_fp32` continues, with nothing zeroed or read for it. CUDA forms it
+    in fp32 from bf16/fp16 inputs; elsewhere the product is formed in the inputs' dtype and
+    cast, as :func:`wgrad_gemm_accum_fp32` adds it there."""
+    if total_input.is_cuda and total_input.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(grad_output.t(), total_input, out_dtype=torch.float32)
+    return (grad_output.t() @ total_input).float()

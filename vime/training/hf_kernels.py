@@ -114,7 +114,12 @@ def _fused_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 def _fused_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
     gate_up = getattr(self, "_vime_gate_up", None)  # set while a weight copy is active
     if gate_up is not None:
-        return self.down_proj(gated_silu(torch.nn.functional.linear(x, gate_up)))
+        masters = getattr(self, "_vime_gate_up_masters", None)  # wgrad straight into them
+        if masters is None:
+            return self.down_proj(gated_silu(torch.nn.functional.linear(x, gate_up)))
+        from vime.training.weight_copy import linear_into_masters
+
+        return self.down_proj(gated_silu(linear_into_masters(x, gate_up, None, masters)))
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 

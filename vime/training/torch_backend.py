@@ -76,8 +76,21 @@ class TorchTrainer(Trainer):
                 )
             from vime.training.hf_kernels import gate_up_modules
 
+            head = self.model.get_output_embeddings()  # the chunked output layer's own
+            linears = (
+                [
+                    m
+                    for m in self.model.modules()
+                    if isinstance(m, torch.nn.Linear) and m is not head
+                ]
+                if config.hf_gradient_accumulation_fusion
+                else []
+            )
             self.weight_copy = WeightCopy(
-                self.model, self.compute_dtype, fuse_gate_up=gate_up_modules(self.model)
+                self.model,
+                self.compute_dtype,
+                fuse_gate_up=gate_up_modules(self.model),
+                accumulate_linears=linears,
             )
         from vime.training.optim import build_optimizer
 

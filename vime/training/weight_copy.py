@@ -16,16 +16,25 @@ halves of one ``[2 * intermediate, hidden]`` tensor, set on the module as ``_vim
 while the copy is active: the MLP then runs one matmul where transformers runs two, and one
 for each of backward's two products where it runs four and a sum (see
 :mod:`vime.training.hf_kernels`). That tensor's gradient is split back into the two masters.
+
+The linears given as ``accumulate_linears`` (and the fused gate/up projections of their MLPs)
+skip the bf16 weight gradient altogether: their backward's weight-gradient GEMM adds straight
+into the master's float32 ``.grad`` (:mod:`vime.training.gemm`, as the Megatron backend's
+``--gradient-accumulation-fusion``; the first micro-batch's GEMM writes it), where autograd's
+GEMM wrote a bf16 gradient that the hook then read, cast and added: 12 bytes of traffic a
+weight over two micro-batches instead of 20, and on CUDA the gradient is not rounded to bf16
+before it is summed.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
+
+from vime.training.gemm import wgrad_gemm_accum_fp32, wgrad_gemm_fp32
 
 
 class WeightCopy:
@@ -37,12 +46,26 @@ class WeightCopy:
         model: torch.nn.Module,
         dtype: torch.dtype,
         fuse_gate_up: Sequence[torch.nn.Module] = (),
+        accumulate_linears: Sequence[torch.nn.Module] = (),
     ) -> None:
         import torch
 
         self._slots: list[tuple[Any, str, torch.nn.Parameter, torch.nn.Parameter]] = []
         copies: dict[int, torch.nn.Parameter] = {}
         self._gate_up = [(mlp, _fused_pair(mlp, dtype, copies)) for mlp in fuse_gate_up]
+        # Linears whose weight gradient goes straight into the master's .grad: each gets an
+        # instance forward while the copy is active (the class's own outside).
+        accumulate = {id(m) for m in accumulate_linears}
+        self._forwards = [
+            (m, _accumulating_forward(m, m.weight))
+            for m in accumulate_linears
+            if type(m) is torch.nn.Linear and m.weight.requires_grad and "forward" not in vars(m)
+        ]
+        self._gate_up_masters = [
+            (mlp, [mlp.gate_proj.weight, mlp.up_proj.weight])
+            for mlp, _ in self._gate_up
+            if id(mlp.gate_proj) in accumulate and mlp.gate_proj.weight.requires_grad
+        ]
         for module in model.modules():
             for name, master in module._parameters.items():
                 if master is None or not master.is_floating_point():
@@ -88,6 +111,10 @@ class WeightCopy:
                 module._parameters[name] = copy
             for mlp, fused in self._gate_up:
                 mlp._vime_gate_up = fused
+            for mlp, masters in self._gate_up_masters:
+                mlp._vime_gate_up_masters = masters
+            for module, forward in self._forwards:
+                module.forward = forward
         try:
             yield
         finally:
@@ -97,6 +124,10 @@ class WeightCopy:
                     module._parameters[name] = master
                 for mlp, _ in self._gate_up:
                     del mlp._vime_gate_up
+                for mlp, _ in self._gate_up_masters:
+                    del mlp._vime_gate_up_masters
+                for module, _ in self._forwards:
+                    del module.forward
 
 
 def _fused_pair(
@@ -131,6 +162,8 @@ def _add_into(master: torch.nn.Parameter) -> Any:
     import torch
 
     def hook(copy: torch.Tensor) -> None:
+        if copy.grad is None:  # its gradient went straight into the master (_LinearIntoMasters)
+            return
         if master.grad is None:
             master.grad = copy.grad.to(torch.float32)
         else:
@@ -145,6 +178,8 @@ def _add_halves_into(masters: list[torch.nn.Parameter]) -> Any:
     import torch
 
     def hook(fused: torch.Tensor) -> None:
+        if fused.grad is None:  # its gradient went straight into the masters
+            return
         for master, part in zip(masters, fused.grad.chunk(len(masters)), strict=True):
             if master.grad is None:
                 master.grad = part.to(torch.float32)
@@ -153,3 +188,49 @@ def _add_halves_into(masters: list[torch.nn.Parameter]) -> Any:
         fused.grad = None
 
     return hook
+
+
+def _accumulating_forward(linear: torch.nn.Module, master: torch.nn.Parameter) -> Any:
+    """``linear``'s forward on the copy then in its weight slot, the weight's gradient added
+    into ``master``'s float32 ``.grad`` by :func:`linear_into_masters`."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return linear_into_masters(x, linear.weight, linear.bias, [master])
+
+    return forward
+
+
+def linear_into_masters(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    masters: Sequence[torch.nn.Parameter],
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` whose backward adds the weight's gradient into the float32
+    ``.grad`` of ``masters`` (their rows stacked make ``weight``'s rows, in order) and gives
+    ``weight`` none; ``x`` and ``bias`` get theirs through autograd as usual."""
+    return _LinearIntoMasters.apply(x, weight, bias, tuple(masters))
+
+
+class _LinearIntoMasters(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, bias: Any, masters: Any) -> Any:
+        ctx.save_for_backward(x, weight)
+        ctx.masters, ctx.has_bias = masters, bias is not None
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        rows_in, rows_out = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+        start = 0
+        for master in ctx.masters:
+            stop = start + master.shape[0]
+            if master.grad is None:  # the first micro-batch's: written, not added to zeros
+                master.grad = wgrad_gemm_fp32(rows_in, rows_out[:, start:stop])
+            else:
+                wgrad_gemm_accum_fp32(rows_in, rows_out[:, start:stop], master.grad)
+            start = stop
+        grad_bias = rows_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, None, grad_bias, None
