@@ -48,8 +48,6 @@ class WeightCopy:
         fuse_gate_up: Sequence[torch.nn.Module] = (),
         accumulate_linears: Sequence[torch.nn.Module] = (),
     ) -> None:
-        import torch
-
         self._slots: list[tuple[Any, str, torch.nn.Parameter, torch.nn.Parameter]] = []
         copies: dict[int, torch.nn.Parameter] = {}
         self._gate_up = [(mlp, _fused_pair(mlp, dtype, copies)) for mlp in fuse_gate_up]
@@ -99,8 +97,6 @@ class WeightCopy:
     def active(self) -> Iterator[None]:
         """The modules hold the copy inside, their float32 masters again outside (nested
         calls are fine). Backward must run inside too when activations are recomputed."""
-        import torch
-
         if self._stale:
             with torch.no_grad():
                 torch._foreach_copy_(self._copies, self._masters)
@@ -135,8 +131,6 @@ def _fused_pair(
 ) -> torch.nn.Parameter:
     """One ``dtype`` tensor holding the copies of ``mlp``'s gate and up weights, which are
     entered in ``copies`` as views of its halves (refreshing them fills it)."""
-    import torch
-
     masters = [mlp.gate_proj.weight, mlp.up_proj.weight]
     gate, up = masters
     if gate.shape != up.shape or gate.requires_grad != up.requires_grad or id(gate) in copies:
@@ -159,7 +153,6 @@ def _fused_pair(
 
 def _add_into(master: torch.nn.Parameter) -> Any:
     """The hook that moves a copy's finished gradient into its master's float32 ``.grad``."""
-    import torch
 
     def hook(copy: torch.Tensor) -> None:
         if copy.grad is None:  # its gradient went straight into the master (_LinearIntoMasters)
@@ -175,7 +168,6 @@ def _add_into(master: torch.nn.Parameter) -> Any:
 
 def _add_halves_into(masters: list[torch.nn.Parameter]) -> Any:
     """The hook that moves a fused copy's finished gradient into its masters' ``.grad``."""
-    import torch
 
     def hook(fused: torch.Tensor) -> None:
         if fused.grad is None:  # its gradient went straight into the masters
@@ -191,7 +183,7 @@ def _add_halves_into(masters: list[torch.nn.Parameter]) -> Any:
 
 
 def _accumulating_forward(linear: torch.nn.Module, master: torch.nn.Parameter) -> Any:
-    """``linear``'s forward on the copy then in its weight slot, the weight's gradient added
+    """``linear``'s forward while the copy fills its weight slot, the weight's gradient added
     into ``master``'s float32 ``.grad`` by :func:`linear_into_masters`."""
 
     def forward(x: torch.Tensor) -> torch.Tensor:
