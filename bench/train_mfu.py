@@ -597,11 +597,11 @@ def main() -> None:
             f"use --seq-len {REFERENCE_SEQ_LEN} --samples {REFERENCE_SAMPLES})"
         )
     variants = check_variants(args.backends)
-    check_models(args.models)
+    models = check_models(args.models)
     rate = matmul_tflops()
     print(f"bf16 matmul 8192^3: {rate:.0f} TFLOP/s (reference 790)", flush=True)
-    rows = reference_rows(args.reference, args.models.split(","), rate) if args.reference else []
-    for model in args.models.split(","):
+    rows = reference_rows(args.reference, models, rate) if args.reference else []
+    for model in models:
         for variant in variants:
             cmd = child_command(args, model, variant)
             started = time.perf_counter()

@@ -35,6 +35,7 @@ from vime.training.kernels import rope as _rope
 from vime.training.kernels.rms_norm import available
 from vime.training.kernels.rms_norm import rms_norm as _rms_norm
 from vime.training.kernels.swiglu import gated_silu, silu_mul
+from vime.training.weight_copy import linear_into_masters
 
 # transformers classes computing weight * x * rsqrt(mean(x^2) + variance_epsilon); Gemma's
 # (1 + weight) and others are not here on purpose.
@@ -117,8 +118,6 @@ def _fused_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
         masters = getattr(self, "_vime_gate_up_masters", None)  # wgrad straight into them
         if masters is None:
             return self.down_proj(gated_silu(torch.nn.functional.linear(x, gate_up)))
-        from vime.training.weight_copy import linear_into_masters
-
         return self.down_proj(gated_silu(linear_into_masters(x, gate_up, None, masters)))
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
